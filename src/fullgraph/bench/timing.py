@@ -1,0 +1,220 @@
+"""Timing a callable: CUDA events on a GPU, a monotonic clock on the CPU.
+
+Warm-up calls run first and are not timed, so module loading, autotuning and compilation stay out of the
+steady-state numbers; `first_call` measures that cost on its own. Each repetition times `inner` calls and
+divides, so kernels shorter than a launch can be timed as GPU work rather than Python dispatch; with
+`graph=True` the `inner` calls are captured once in a CUDA graph and only replays are timed. `rotate`
+cycles the calls over several input sets, so the bytes touched can exceed the L2 cache.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fullgraph.errors import UsageError
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted values (q in [0, 1])."""
+    if not sorted_values:
+        raise UsageError("quantile of no values")
+    pos = q * (len(sorted_values) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call time statistics, in milliseconds, over `reps` repetitions."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    min_ms: float
+    mean_ms: float
+    reps: int
+    inner: int
+    method: str  # "cuda-events", "cuda-graph" or "cpu-clock"
+
+    @classmethod
+    def from_samples(cls, samples_ms: Sequence[float], inner: int, method: str) -> Timing:
+        s = sorted(samples_ms)
+        return cls(
+            median_ms=quantile(s, 0.5),
+            p20_ms=quantile(s, 0.2),
+            p80_ms=quantile(s, 0.8),
+            min_ms=s[0],
+            mean_ms=sum(s) / len(s),
+            reps=len(s),
+            inner=inner,
+            method=method,
+        )
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device 'cuda' requested but torch sees no CUDA device; use --device cpu")
+    return device
+
+
+def _caller(fn: Callable[..., Any], rotate: Sequence[Sequence[Any]] | None) -> Callable[[int], Any]:
+    if rotate is None:
+        return lambda i: fn()
+    if len(rotate) == 0:
+        raise UsageError("rotate needs at least one input set")
+    return lambda i: fn(*rotate[i % len(rotate)])
+
+
+def measure(
+    fn: Callable[..., Any],
+    *,
+    device: str | torch.device | None = None,
+    warmup: int = 10,
+    reps: int = 50,
+    inner: int = 1,
+    rotate: Sequence[Sequence[Any]] | None = None,
+    graph: bool = False,
+) -> Timing:
+    """Time `fn` (called as `fn()` or `fn(*rotate[i])`) and return per-call statistics.
+
+    `device` picks the clock: CUDA events on a CUDA device, `time.perf_counter_ns` on the CPU.
+    """
+    if reps < 1 or inner < 1 or warmup < 0:
+        raise UsageError(f"need reps >= 1, inner >= 1, warmup >= 0 (got {reps}, {inner}, {warmup})")
+    device = resolve_device(device)
+    call = _caller(fn, rotate)
+    if device.type != "cuda":
+        if graph:
+            raise UsageError("graph=True needs a CUDA device")
+        return _measure_cpu(call, warmup, reps, inner)
+    if graph:
+        return _measure_cuda_graph(call, device, warmup, reps, inner)
+    return _measure_cuda_events(call, device, warmup, reps, inner)
+
+
+def _measure_cpu(call: Callable[[int], Any], warmup: int, reps: int, inner: int) -> Timing:
+    for i in range(warmup):
+        call(i)
+    samples = []
+    i = 0
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(inner):
+            call(i)
+            i += 1
+        samples.append((time.perf_counter_ns() - t0) / 1e6 / inner)
+    return Timing.from_samples(samples, inner, "cpu-clock")
+
+
+def _time_with_events(step: Callable[[], None], reps: int, inner: int, method: str) -> Timing:
+    """Time `reps` runs of `step` (each `inner` calls) between CUDA event pairs on the current stream."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends, strict=True):
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return Timing.from_samples([s.elapsed_time(e) / inner for s, e in zip(starts, ends, strict=True)], inner, method)
+
+
+def _measure_cuda_events(
+    call: Callable[[int], Any], device: torch.device, warmup: int, reps: int, inner: int
+) -> Timing:
+    with torch.cuda.device(device):
+        for i in range(warmup):
+            call(i)
+        torch.cuda.synchronize()
+        counter = iter(range(reps * inner))
+
+        def step() -> None:
+            for _ in range(inner):
+                call(next(counter))
+
+        return _time_with_events(step, reps, inner, "cuda-events")
+
+
+def _measure_cuda_graph(call: Callable[[int], Any], device: torch.device, warmup: int, reps: int, inner: int) -> Timing:
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up off the default stream, as graph capture requires
+            for i in range(max(warmup, 1)):
+                call(i)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(inner):
+                call(i)
+        g.replay()
+        torch.cuda.synchronize()
+        return _time_with_events(g.replay, reps, inner, "cuda-graph")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def first_call(fn: Callable[[], Any], device: str | torch.device | None = None) -> tuple[float, Any]:
+    """Seconds taken by one call of `fn`, device work included, and its result.
+
+    Call it before anything else touches `fn` to get its cold cost: compilation for a compiled model.
+    """
+    device = resolve_device(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def peak_memory(fn: Callable[[], Any], device: str | torch.device | None = None) -> int | None:
+    """Bytes of device memory allocated at the peak of one call of `fn`, above what was allocated before.
+
+    None on the CPU, where torch keeps no allocator statistics.
+    """
+    device = resolve_device(device)
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One benchmarked callable: its first call (compile time) apart from its steady state."""
+
+    first_call_s: float
+    timing: Timing
+    peak_memory_bytes: int | None
+
+
+def benchmark(
+    fn: Callable[[], Any],
+    *,
+    device: str | torch.device | None = None,
+    warmup: int = 10,
+    reps: int = 50,
+    inner: int = 1,
+    graph: bool = False,
+) -> Measurement:
+    """First call (timed alone), peak memory of one steady call, then steady-state timing."""
+    first_s, _ = first_call(fn, device)
+    peak = peak_memory(fn, device)
+    timing = measure(fn, device=device, warmup=warmup, reps=reps, inner=inner, graph=graph)
+    return Measurement(first_call_s=first_s, timing=timing, peak_memory_bytes=peak)

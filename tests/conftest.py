@@ -1,0 +1,55 @@
+"""Shared fixtures: fresh random inputs seeded per test, Triton under the CPU interpreter, GPU skips."""
+
+import os
+import random
+import zlib
+
+import pytest
+import torch
+
+from fullgraph import env
+
+# A new base seed each session, so every run draws fresh inputs; FULLGRAPH_TEST_SEED replays a failure.
+BASE_SEED = int(os.environ.get("FULLGRAPH_TEST_SEED", random.SystemRandom().randrange(2**31)))
+
+
+def pytest_report_header(config):
+    cap = env.cuda_capability()
+    gpu = f"{torch.cuda.get_device_name(0)} (sm_{cap[0]}{cap[1]})" if cap else "none"
+    return [
+        f"fullgraph: torch {torch.__version__}, triton {env.triton_version()}, gpu {gpu}",
+        f"fullgraph: FULLGRAPH_TEST_SEED={BASE_SEED} (set it to replay this run's inputs)",
+    ]
+
+
+def pytest_collection_modifyitems(config, items):
+    if env.has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def seed(request) -> int:
+    """Seed torch and random from the session seed and the test's id: fresh per test, reproducible per run."""
+    s = (BASE_SEED + zlib.crc32(request.node.nodeid.encode())) % 2**31
+    torch.manual_seed(s)
+    random.seed(s)
+    return s
+
+
+@pytest.fixture
+def triton_device():
+    """The device Triton kernels run on here: "cuda" with a GPU, else "cpu" under TRITON_INTERPRET=1.
+
+    Kernels are built lazily, so a kernel first built inside this fixture is built for the interpreter.
+    """
+    if not env.has_triton():
+        pytest.skip("needs triton (pip install 'fullgraph[triton]')")
+    if env.has_cuda():
+        yield "cuda"
+        return
+    with env.interpreter():
+        yield "cpu"

@@ -1,0 +1,21 @@
+"""The README's quick start is what CI runs: keep the two in step."""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def quick_start_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_ci_runs_the_quick_start_verbatim():
+    commands = quick_start_commands()
+    assert len(commands) == 2
+    assert commands[0].endswith("fullgraph env") and "pytest" in commands[1]
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    for cmd in commands:
+        assert cmd in ci_lines
