@@ -9,6 +9,11 @@ import torch
 
 from fullgraph import env
 
+# Without a GPU, Triton kernels run in the CPU interpreter. The variable must be set before the kernel ops are
+# registered (fullgraph.kernels._library picks the registration from it) and before any kernel is built.
+if env.has_triton() and not env.has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # A new base seed each session, so every run draws fresh inputs; FULLGRAPH_TEST_SEED replays a failure.
 BASE_SEED = int(os.environ.get("FULLGRAPH_TEST_SEED", random.SystemRandom().randrange(2**31)))
 
@@ -42,14 +47,12 @@ def seed(request) -> int:
 
 @pytest.fixture
 def triton_device():
-    """The device Triton kernels run on here: "cuda" with a GPU, else "cpu" under TRITON_INTERPRET=1.
-
-    Kernels are built lazily, so a kernel first built inside this fixture is built for the interpreter.
-    """
+    """The device Triton kernels run on here: "cuda" with a GPU, else "cpu" under TRITON_INTERPRET=1 (set
+    above for the whole session, since the kernel ops are registered for one mode per process)."""
     if not env.has_triton():
         pytest.skip("needs triton (pip install 'fullgraph[triton]')")
     if env.has_cuda():
-        yield "cuda"
-        return
-    with env.interpreter():
-        yield "cpu"
+        return "cuda"
+    if not env.triton_interpret():
+        pytest.skip("kernel ops were registered without TRITON_INTERPRET=1; set it before importing fullgraph")
+    return "cpu"

@@ -1,0 +1,77 @@
+"""How a Triton launcher becomes a torch op, and the helpers every kernel file shares.
+
+On a GPU the launcher is registered with `torch.library.triton_op`: torch.compile traces into it (the
+launches go through `wrap_triton`), so the kernel sits inside a `fullgraph=True` graph and CUDA graphs.
+Kernels built for Triton's CPU interpreter (TRITON_INTERPRET=1, how CI tests them) cannot be traced, so
+there the launcher is an opaque `custom_op` with an explicit fake; the same fake documents the output
+shapes in both cases. Without Triton the op still exists (so graphs and exports name it) and raises a clear
+error when run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fullgraph import env
+from fullgraph.errors import FullgraphError
+
+NAMESPACE = "fullgraph"
+
+
+def require_triton():
+    """Import triton for a kernel build, or raise an error that says what to install."""
+    if not env.has_triton():
+        raise FullgraphError("this kernel needs triton: pip install 'fullgraph[triton]', or use the 'native' policy")
+    import triton
+    import triton.language as tl
+
+    return triton, tl
+
+
+def launch(kernel):
+    """The kernel as seen by torch: traceable through `wrap_triton` when built for a GPU."""
+    if env.triton_interpret():
+        return kernel
+    return torch.library.wrap_triton(kernel)
+
+
+def kernel_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] = ()):
+    """Register a launcher as `torch.ops.fullgraph.<name>` (see the module docstring for the mechanism)."""
+
+    def register(fn: Callable):
+        qualname = f"{NAMESPACE}::{name}"
+        if env.has_triton() and not env.triton_interpret():
+            return torch.library.triton_op(qualname, fn, mutates_args=mutates_args)
+        op = torch.library.custom_op(qualname, fn, mutates_args=mutates_args)
+        op.register_fake(fake)
+        return op
+
+    return register
+
+
+def row_launch_config(n_cols: int, n_rows: int) -> tuple[int, int, int]:
+    """(BLOCK_N, ROWS per program, num_warps) for a kernel that keeps whole rows in registers.
+
+    Long rows get one program each and more warps; short rows (q/k norm, 128 wide) are packed many to a
+    program so each program still moves enough bytes to hide memory latency.
+    """
+    import triton
+
+    block_n = triton.next_power_of_2(n_cols)
+    if block_n > MAX_ROW:
+        raise FullgraphError(f"rows of {n_cols} elements exceed this kernel's limit of {MAX_ROW}")
+    rows = max(1, min(64, 4096 // block_n, triton.next_power_of_2(max(n_rows, 1))))
+    elems = block_n * rows
+    num_warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+    return block_n, rows, num_warps
+
+
+MAX_ROW = 32768
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """View `x` as [rows, last dim] with unit stride along the row; copies only if no such view exists."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()

@@ -1,0 +1,86 @@
+"""RMSNorm, optionally fused with the residual add before it.
+
+    s = x + residual                      (when a residual is given; s is returned too)
+    y = s / sqrt(mean(s²) + eps) * w
+
+Memory traffic per row of C elements: read x (and residual), write y (and s), read w once per program;
+so 2·C·bytes (4·C·bytes fused). Accumulation is in float32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from fullgraph.kernels._library import as_rows, kernel_op, launch, require_triton, row_launch_config
+
+
+@functools.cache
+def _rms_norm_fwd_kernel():
+    triton, tl = require_triton()
+
+    @triton.jit
+    def kernel(
+        X, R, W, Y, S,
+        n_rows, n_cols, stride_x, stride_r, stride_y, stride_s, eps,
+        HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+        cols = tl.arange(0, BLOCK_N)[None, :]
+        mask = (rows < n_rows) & (cols < n_cols)
+        rows = rows.to(tl.int64)
+        x = tl.load(X + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            # round the sum to the stored dtype first, so y is the norm of exactly the s we return
+            x = (x + tl.load(R + rows * stride_r + cols, mask=mask, other=0.0)).to(S.dtype.element_ty)
+            tl.store(S + rows * stride_s + cols, x, mask=mask)
+            x = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        y = x * rstd[:, None]
+        if HAS_WEIGHT:
+            y *= tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        tl.store(Y + rows * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+    return kernel
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+    x2 = as_rows(x)
+    r2 = as_rows(residual) if residual is not None else x2
+    n_rows, n_cols = x2.shape
+    y_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    s_out = torch.empty_like(y_out) if residual is not None else y_out
+    y, s = y_out.view(-1, n_cols), s_out.view(-1, n_cols)
+    if n_rows:
+        block_n, rows, num_warps = row_launch_config(n_cols, n_rows)
+        grid = ((n_rows + rows - 1) // rows,)
+        launch(_rms_norm_fwd_kernel())[grid](
+            x2, r2, weight if weight is not None else x2, y, s,
+            n_rows, n_cols, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
+            HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+            ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
+        )  # fmt: skip
+    return y_out, s_out
+
+
+def _fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_residual(x, residual, weight, eps):
+    return _fake(x, weight, eps), _fake(x, weight, eps)
+
+
+@kernel_op("rms_norm", fake=_fake)
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension. Inputs are checked by `fullgraph.ops.rms_norm`."""
+    return _launch(x, weight, None, eps)[0]
+
+
+@kernel_op("rms_norm_residual", fake=_fake_residual)
+def rms_norm_residual_fwd(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual) in one pass."""
+    return _launch(x, weight, residual, eps)

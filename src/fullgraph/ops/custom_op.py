@@ -1,0 +1,100 @@
+"""`CustomOp`: a module with a pure-PyTorch reference and a kernel, and a policy that picks between them.
+
+Subclasses set `name` and define `forward_native` (always correct, always traceable) and `forward_kernel`
+(a registered torch op, so it is traceable too). `forward` resolves the policy (see `policy.py`) and calls
+one of them; the choice is a pure function of the policy state, the input's device and whether
+torch.compile is tracing, so compiled graphs bake it in and guard on the policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fullgraph import env
+from fullgraph.errors import FullgraphError
+from fullgraph.ops import measured
+from fullgraph.ops.policy import KNOWN_OPS, Policy, counters, effective, version
+
+_runs: dict[tuple[str, bool], bool] = {}
+
+
+@torch.compiler.assume_constant_result
+def kernel_runs_on(device_type: str) -> bool:
+    """Can our Triton kernels run on tensors of `device_type`? A constant to torch.compile."""
+    key = (device_type, env.triton_interpret())
+    if key not in _runs:
+        _runs[key] = env.triton_runs_on(device_type)[0]
+    return _runs[key]
+
+
+def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool) -> str:
+    """ "native" or "kernel" for one call of `op` on `device`."""
+    pol = effective(op, instance_policy)
+    if pol == Policy.NATIVE.value:
+        return "native"
+    runs = kernel_runs_on(device.type)
+    if pol == Policy.KERNEL.value:
+        if not runs:
+            why = env.triton_runs_on(device.type)[1]
+            raise FullgraphError(f"{op}: policy 'kernel' but no kernel can run on {device.type} ({why})")
+        return "kernel"
+    if not runs:
+        return "native"
+    return measured.compiled_choice(op) if compiling else "kernel"
+
+
+def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: dict | None = None) -> str:
+    """`choose` for one call, counted in `policy.counters`; eager choices are cached per device in `cache`."""
+    compiling = torch.compiler.is_compiling()
+    if compiling or cache is None:
+        impl = choose(op, instance_policy, device, compiling)
+    else:
+        key = (device.type, version(), instance_policy)
+        impl = cache.get(key)
+        if impl is None:
+            impl = cache[key] = choose(op, instance_policy, device, False)
+    counters[(op, "compiled" if compiling else "eager", impl)] += 1
+    return impl
+
+
+def _first_device(args: tuple[Any, ...]) -> torch.device:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    raise FullgraphError("expected a tensor argument")
+
+
+class CustomOp(nn.Module):
+    """Base of every op with a native and a kernel implementation.
+
+    `policy` ("native", "kernel", "auto" or None to follow the context / class / environment) is this
+    instance's own override.
+    """
+
+    name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            KNOWN_OPS.add(cls.name)
+
+    def __init__(self, policy: str | Policy | None = None):
+        super().__init__()
+        self.policy = None if policy is None else Policy.parse(policy, self.name).value
+        self._choices: dict[tuple, str] = {}
+
+    def implementation(self, device: torch.device | str, compiling: bool = False) -> str:
+        """Which implementation a call on `device` would run now: "native" or "kernel"."""
+        return choose(self.name, self.policy, torch.device(device), compiling)
+
+    def forward(self, *args, **kwargs):
+        impl = dispatch(self.name, self.policy, _first_device(args), self._choices)
+        if impl == "kernel":
+            return self.forward_kernel(*args, **kwargs)
+        return self.forward_native(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"policy={self.policy}" if self.policy else ""

@@ -1,0 +1,108 @@
+"""RMSNorm and LayerNorm: modules that drop into a model, and functional forms.
+
+Both compute in float32 and return x's dtype. `rms_norm(x, weight, residual=r)` returns
+`(norm(x + r), x + r)`, the fused form used between transformer blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fullgraph.kernels.layer_norm import layer_norm_fwd
+from fullgraph.kernels.rms_norm import rms_norm_fwd, rms_norm_residual_fwd
+from fullgraph.ops._autograd import backward_from_native
+from fullgraph.ops._checks import check_norm_inputs
+from fullgraph.ops.custom_op import CustomOp, dispatch
+
+
+def rms_norm_native(x, weight=None, eps: float = 1e-6, residual=None):
+    s = x if residual is None else x + residual  # rounded to x's dtype, as the unfused code would store it
+    x32 = s.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype) if residual is None else (y.to(x.dtype), s)
+
+
+def rms_norm_kernel(x, weight=None, eps: float = 1e-6, residual=None):
+    ops = torch.ops.fullgraph
+    if residual is None:
+        return ops.rms_norm(x, weight, eps)
+    return ops.rms_norm_residual(x, residual, weight, eps)
+
+
+def layer_norm_native(x, weight=None, bias=None, eps: float = 1e-5):
+    x32 = x.float()
+    mean = x32.mean(-1, keepdim=True)
+    var = (x32 - mean).pow(2).mean(-1, keepdim=True)
+    y = (x32 - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def layer_norm_kernel(x, weight=None, bias=None, eps: float = 1e-5):
+    return torch.ops.fullgraph.layer_norm(x, weight, bias, eps)
+
+
+backward_from_native(rms_norm_fwd, rms_norm_native)
+backward_from_native(rms_norm_residual_fwd, lambda x, r, w, eps: rms_norm_native(x, w, eps, r))
+backward_from_native(layer_norm_fwd, layer_norm_native)
+
+
+def rms_norm(x, weight=None, eps: float = 1e-6, residual=None):
+    """RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight` (policy of op `rms_norm`)."""
+    check_norm_inputs(x, weight, residual=residual)
+    impl = dispatch("rms_norm", None, x.device)
+    return (rms_norm_kernel if impl == "kernel" else rms_norm_native)(x, weight, eps, residual)
+
+
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
+    """LayerNorm over the last dimension, affine or not (policy of op `layer_norm`)."""
+    check_norm_inputs(x, weight, bias)
+    impl = dispatch("layer_norm", None, x.device)
+    return (layer_norm_kernel if impl == "kernel" else layer_norm_native)(x, weight, bias, eps)
+
+
+class RMSNorm(CustomOp):
+    """`nn.RMSNorm`-compatible module; `forward(x, residual=None)`."""
+
+    name = "rms_norm"
+
+    def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = True, policy=None, **factory):
+        super().__init__(policy)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, **factory)) if elementwise_affine else None
+
+    def forward_native(self, x, residual=None):
+        check_norm_inputs(x, self.weight, residual=residual)
+        return rms_norm_native(x, self.weight, self.eps, residual)
+
+    def forward_kernel(self, x, residual=None):
+        check_norm_inputs(x, self.weight, residual=residual)
+        return rms_norm_kernel(x, self.weight, self.eps, residual)
+
+
+class LayerNorm(CustomOp):
+    """`nn.LayerNorm`-compatible module over the last dimension; `bias=False` or non-affine supported."""
+
+    name = "layer_norm"
+
+    def __init__(
+        self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True, policy=None, **factory
+    ):
+        super().__init__(policy)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, **factory)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(dim, **factory)) if elementwise_affine and bias else None
+
+    def forward_native(self, x):
+        check_norm_inputs(x, self.weight, self.bias)
+        return layer_norm_native(x, self.weight, self.bias, self.eps)
+
+    def forward_kernel(self, x):
+        check_norm_inputs(x, self.weight, self.bias)
+        return layer_norm_kernel(x, self.weight, self.bias, self.eps)
