@@ -1,5 +1,6 @@
 """Shared fixtures: fresh random inputs seeded per test, Triton under the CPU interpreter, GPU skips."""
 
+import importlib.util
 import os
 import random
 import zlib
@@ -7,12 +8,13 @@ import zlib
 import pytest
 import torch
 
-from fullgraph import env
-
-# Without a GPU, Triton kernels run in the CPU interpreter. The variable must be set before the kernel ops are
-# registered (fullgraph.kernels._library picks the registration from it) and before any kernel is built.
-if env.has_triton() and not env.has_cuda():
+# Without a GPU, Triton kernels run in the CPU interpreter. The variable must be set before triton is imported
+# (its own library functions such as tl.sum are built then), before the kernel ops are registered
+# (fullgraph.kernels._library picks the registration from it) and before any kernel is built.
+if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from fullgraph import env  # noqa: E402  (after the variable is set)
 
 # A new base seed each session, so every run draws fresh inputs; FULLGRAPH_TEST_SEED replays a failure.
 BASE_SEED = int(os.environ.get("FULLGRAPH_TEST_SEED", random.SystemRandom().randrange(2**31)))

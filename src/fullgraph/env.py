@@ -123,7 +123,11 @@ class Probe:
 
 @contextlib.contextmanager
 def interpreter(enabled: bool = True):
-    """Set TRITON_INTERPRET for the kernels *built* inside the block (Triton reads it when `@triton.jit` runs)."""
+    """Set TRITON_INTERPRET for the kernels built and launched inside the block.
+
+    Enough for a simple kernel (the probe). Kernels that call Triton's library functions (`tl.sum`) need the
+    variable set before triton is first imported: set it in the environment when the process starts.
+    """
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if enabled else "0"
     try:

@@ -41,7 +41,7 @@ def measure_ceilings(
     gemm_dtype = gemm_dtype or (torch.bfloat16 if gpu else torch.float32)
 
     words = copy_bytes // 4
-    copy_t = _time_copy(words, device, reps)
+    copy_t = time_copy(words, device, reps)
     moved = 2 * words * 4
     gemm_t = _time_gemm(gemm_n, gemm_dtype, device, reps)
     return Ceilings(
@@ -56,7 +56,7 @@ def measure_ceilings(
     )
 
 
-def _time_copy(words: int, device: torch.device, reps: int) -> Timing:
+def time_copy(words: int, device: torch.device, reps: int) -> Timing:
     src = torch.randn(words, device=device)  # float32, random so nothing is special-cased
     dst = torch.empty_like(src)
     return measure(lambda: dst.copy_(src), device=device, warmup=5, reps=reps)

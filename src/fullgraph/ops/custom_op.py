@@ -1,7 +1,7 @@
 """`CustomOp`: a module with a pure-PyTorch reference and a kernel, and a policy that picks between them.
 
 Subclasses set `name` and define `forward_native` (always correct, always traceable) and `forward_kernel`
-(a registered torch op, so it is traceable too). `forward` resolves the policy (see `policy.py`) and calls
+(a registered torch op, so it is traceable too). `forward` resolves the policy (see `policies.py`) and calls
 one of them; the choice is a pure function of the policy state, the input's device and whether
 torch.compile is tracing, so compiled graphs bake it in and guard on the policy.
 """
@@ -16,7 +16,7 @@ from torch import nn
 from fullgraph import env
 from fullgraph.errors import FullgraphError
 from fullgraph.ops import measured
-from fullgraph.ops.policy import KNOWN_OPS, Policy, counters, effective, version
+from fullgraph.ops.policies import KNOWN_OPS, Policy, counters, effective, version
 
 _runs: dict[tuple[str, bool], bool] = {}
 
@@ -48,16 +48,27 @@ def choose(op: str, instance_policy: str | None, device: torch.device, compiling
 
 def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: dict | None = None) -> str:
     """`choose` for one call, counted in `policy.counters`; eager choices are cached per device in `cache`."""
-    compiling = torch.compiler.is_compiling()
-    if compiling or cache is None:
-        impl = choose(op, instance_policy, device, compiling)
+    if torch.compiler.is_compiling():
+        impl = choose(op, instance_policy, device, True)
+        _count_trace(op, impl)
+        return impl
+    if cache is None:
+        impl = choose(op, instance_policy, device, False)
     else:
         key = (device.type, version(), instance_policy)
         impl = cache.get(key)
         if impl is None:
             impl = cache[key] = choose(op, instance_policy, device, False)
-    counters[(op, "compiled" if compiling else "eager", impl)] += 1
+    counters[(op, "eager", impl)] += 1
     return impl
+
+
+@torch.compiler.assume_constant_result
+def _count_trace(op: str, impl: str) -> bool:
+    # Runs once per trace, outside the graph: counting compiled *calls* would make the compiled code read the
+    # counter, guard on its value and recompile on every call.
+    counters[(op, "compiled", impl)] += 1
+    return True
 
 
 def _first_device(args: tuple[Any, ...]) -> torch.device:

@@ -47,8 +47,8 @@ def version() -> int:
     return _version[0]
 
 
-# Which implementation ran, by (op, "eager"/"compiled", "native"/"kernel"). Under torch.compile the
-# increments are replayed on every call of the compiled graph, so counts are per call in both modes.
+# Which implementation ran, by (op, "eager"/"compiled", "native"/"kernel"): eager counts calls, compiled
+# counts graphs traced with that choice baked in (counting compiled calls would cost a recompile per call).
 counters: Counter = Counter()
 
 
@@ -66,7 +66,7 @@ def parse_spec(spec: str) -> dict[str, Policy]:
             continue
         if item in ("all", "none"):
             out["all"] = Policy.KERNEL if item == "all" else Policy.NATIVE
-        elif item[0] in "+-":
+        elif item[0] in "+-" and item[1:].strip():
             out[item[1:]] = Policy.KERNEL if item[0] == "+" else Policy.NATIVE
         elif "=" in item:
             name, value = item.split("=", 1)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
+# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops tune (default: all but tune)
+# Writes everything under $OUT (or ./out) and prints short tables last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+steps=${*:-env tests ceilings ops}
+py=python3
+for step in $steps; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    env)
+      $py -m fullgraph env | tee "$OUT/env.txt"
+      $py -m fullgraph env --json > "$OUT/env.json" && $py -c "import json,sys; json.load(open(sys.argv[1])); print('env.json parses')" "$OUT/env.json"
+      nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$OUT/env.txt"
+      ;;
+    tests)
+      $py -m pytest -p no:cacheprovider -q -ra --timeout=300 ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -25
+      ;;
+    ceilings)
+      $py -m fullgraph bench ceilings --csv "$OUT/ceilings_h200.csv"
+      ;;
+    ops)
+      $py -m fullgraph bench ops --reps 30 --csv "$OUT/ops_h200.csv" --markdown "$OUT/ops_h200.md" ${OPS:+--ops $OPS}
+      ;;
+    tune)
+      $py benchmarks/tune_rows.py 2>&1 | tee "$OUT/tune_rows.csv" | grep '^#'
+      ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,85 @@
+import pytest
+import torch
+
+from fullgraph import env
+from fullgraph.errors import FullgraphError
+from fullgraph.ops import CustomOp, counters, measured, policy
+from fullgraph.ops.custom_op import choose
+
+
+class Double(CustomOp):
+    """A toy op whose two implementations are told apart by their results."""
+
+    name = "toy_double"
+
+    def forward_native(self, x):
+        return x * 2
+
+    def forward_kernel(self, x):
+        return x * 2 + 1000  # not a real kernel: marks which path ran
+
+
+def test_subclass_registers_its_name():
+    from fullgraph.ops.policies import KNOWN_OPS
+
+    assert "toy_double" in KNOWN_OPS and "rms_norm" in KNOWN_OPS
+
+
+def test_native_policy_runs_native_and_counts():
+    x = torch.randn(5)
+    before = counters[("toy_double", "eager", "native")]
+    torch.testing.assert_close(Double(policy="native")(x), x * 2)
+    assert counters[("toy_double", "eager", "native")] == before + 1
+
+
+def test_kernel_policy_where_kernels_run():
+    m = Double(policy="kernel")
+    x = torch.randn(5)
+    if env.triton_runs_on("cpu")[0]:
+        torch.testing.assert_close(m(x), x * 2 + 1000)
+    else:
+        with pytest.raises(FullgraphError, match="policy 'kernel'"):
+            m(x)
+
+
+def test_auto_in_eager_is_the_kernel_where_it_runs():
+    expect = "kernel" if env.triton_runs_on("cpu")[0] else "native"
+    assert Double().implementation("cpu") == expect
+    assert choose("toy_double", None, torch.device("cpu"), compiling=False) == expect
+
+
+def test_auto_under_compile_follows_the_measured_table(monkeypatch):
+    if not env.triton_runs_on("cpu")[0]:
+        pytest.skip("no kernel runs on cpu here")
+    monkeypatch.setitem(measured.COMPILED_CHOICE, "toy_double", "kernel")
+    assert Double().implementation("cpu", compiling=True) == "kernel"
+    monkeypatch.setitem(measured.COMPILED_CHOICE, "toy_double", "native")
+    assert Double().implementation("cpu", compiling=True) == "native"
+
+
+def test_context_changes_a_cached_choice():
+    m = Double()
+    x = torch.randn(3)
+    with policy(toy_double="native"):
+        torch.testing.assert_close(m(x), x * 2)
+    if env.triton_runs_on("cpu")[0]:
+        torch.testing.assert_close(m(x), x * 2 + 1000)  # the cached "native" did not outlive the block
+
+
+def test_compiled_graph_follows_policy_and_counts_traces():
+    m = Double()
+    f = torch.compile(m, fullgraph=True)
+    x = torch.randn(4)
+    with policy(toy_double="native"):
+        before = counters[("toy_double", "compiled", "native")]
+        for _ in range(20):  # more calls than the recompile limit: nothing in the graph may guard on a count
+            torch.testing.assert_close(f(x), x * 2)
+        assert counters[("toy_double", "compiled", "native")] == before + 1
+    if env.triton_runs_on("cpu")[0]:
+        with policy(toy_double="kernel"):  # a policy change recompiles: compiled code guards on it
+            torch.testing.assert_close(f(x), x * 2 + 1000)
+
+
+def test_bad_instance_policy():
+    with pytest.raises(ValueError, match="unknown policy"):
+        Double(policy="fastest")

@@ -1,0 +1,75 @@
+import pytest
+
+from fullgraph.errors import UsageError
+from fullgraph.ops import policies as pol
+
+
+@pytest.fixture(autouse=True)
+def clean_state():
+    saved = dict(pol._state)
+    yield
+    pol._state.clear()
+    pol._state.update(saved)
+
+
+def test_default_is_auto():
+    pol.load_env("")
+    assert pol.effective("rms_norm") == "auto"
+
+
+def test_env_spec_parsing():
+    assert pol.parse_spec("+rms_norm,-rope, layer_norm=auto") == {
+        "rms_norm": pol.Policy.KERNEL,
+        "rope": pol.Policy.NATIVE,
+        "layer_norm": pol.Policy.AUTO,
+    }
+    assert pol.parse_spec("none") == {"all": pol.Policy.NATIVE}
+    assert pol.parse_spec("") == {}
+
+
+@pytest.mark.parametrize("bad", ["rms_norm", "rms_norm=fast", "+"])
+def test_bad_env_spec(bad):
+    with pytest.raises(UsageError, match=r"FULLGRAPH_OPS|policy"):
+        pol.load_env(bad)
+        pol.check_env()
+
+
+def test_unknown_op_in_env_is_reported():
+    pol.load_env("+no_such_op")
+    with pytest.raises(UsageError, match="no_such_op"):
+        pol.check_env()
+
+
+def test_precedence_instance_context_class_env():
+    pol.load_env("-rms_norm")
+    assert pol.effective("rms_norm") == "native"
+    pol.set_policy(rms_norm="kernel")
+    assert pol.effective("rms_norm") == "kernel"
+    with pol.policy(rms_norm="auto"):
+        assert pol.effective("rms_norm") == "auto"
+        assert pol.effective("rms_norm", instance="native") == "native"
+        with pol.policy(rms_norm="native"):
+            assert pol.effective("rms_norm") == "native"
+        assert pol.effective("rms_norm") == "auto"
+    assert pol.effective("rms_norm") == "kernel"
+
+
+def test_all_applies_to_every_op_but_a_named_op_wins():
+    pol.load_env("all,-layer_norm")
+    assert pol.effective("rms_norm") == "kernel"
+    assert pol.effective("layer_norm") == "native"
+
+
+def test_context_restores_on_error_and_bumps_version():
+    v = pol.version()
+    with pytest.raises(RuntimeError), pol.policy(rms_norm="kernel"):
+        assert pol.version() > v
+        raise RuntimeError
+    assert "ctx:rms_norm" not in pol._state
+
+
+def test_unknown_names_and_values_are_errors():
+    with pytest.raises(UsageError, match="unknown op"):
+        pol.set_policy(rms_nrom="kernel")
+    with pytest.raises(UsageError, match="unknown policy 'fast'"), pol.policy(rms_norm="fast"):
+        pass
