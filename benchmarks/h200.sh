@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
-# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops tune (default: all but tune)
+# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops overhead tune (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,9 @@ for step in $steps; do
       ;;
     ops)
       $py -m fullgraph bench ops --reps 30 --csv "$OUT/ops_h200.csv" --markdown "$OUT/ops_h200.md" ${OPS:+--ops $OPS}
+      ;;
+    overhead)
+      $py benchmarks/eager_overhead.py | tee "$OUT/eager_overhead.txt"
       ;;
     tune)
       $py benchmarks/tune_rows.py 2>&1 | tee "$OUT/tune_rows.csv" | grep '^#'

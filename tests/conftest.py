@@ -14,7 +14,7 @@ import torch
 if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from fullgraph import env  # noqa: E402  (after the variable is set)
+from fullgraph import env  # after the variable is set
 
 # A new base seed each session, so every run draws fresh inputs; FULLGRAPH_TEST_SEED replays a failure.
 BASE_SEED = int(os.environ.get("FULLGRAPH_TEST_SEED", random.SystemRandom().randrange(2**31)))

@@ -83,3 +83,32 @@ def test_compiled_graph_follows_policy_and_counts_traces():
 def test_bad_instance_policy():
     with pytest.raises(ValueError, match="unknown policy"):
         Double(policy="fastest")
+
+
+def test_call_kernel_uses_the_op_whenever_something_watches(triton_device):
+    from fullgraph.kernels._library import call_kernel
+    from fullgraph.kernels.rms_norm import rms_norm_fwd
+
+    calls = []
+
+    class Spy:
+        """Stands in for a registered op: records which path `call_kernel` took."""
+
+        def __call__(self, *args):
+            calls.append("op")
+            return rms_norm_fwd(*args)
+
+        def launcher(self, *args):
+            calls.append("launcher")
+            return rms_norm_fwd.launcher(*args)
+
+    x = torch.randn(3, 64, device=triton_device)
+    w = torch.randn(64, device=triton_device, requires_grad=True)
+    with torch.no_grad():
+        call_kernel(Spy(), x, w, 1e-6)
+    call_kernel(Spy(), x, w, 1e-6)  # w needs a gradient: autograd must see the op
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode, torch.no_grad():
+        call_kernel(Spy(), mode.from_tensor(x), mode.from_tensor(w), 1e-6)
+    assert calls == ["launcher", "op", "op"]

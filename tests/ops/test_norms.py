@@ -17,13 +17,13 @@ def test_natives_match_float64(dtype):
     assert_close(layer_norm_native(x), layer_norm_ref(x), dtype)
 
 
-def test_modules_match_torch_modules():
-    x = torch.randn(3, 5, 128)
-    ref = torch.nn.LayerNorm(128)
+def test_modules_match_torch_modules(triton_device):
+    x = torch.randn(3, 5, 128, device=triton_device)
+    ref = torch.nn.LayerNorm(128, device=triton_device)
     with torch.no_grad():
         ref.weight.normal_()
         ref.bias.normal_()
-    ours = ops.LayerNorm(128)
+    ours = ops.LayerNorm(128, device=triton_device)
     ours.load_state_dict(ref.state_dict())
     for p in ("native", "kernel"):
         with ops.policy(layer_norm=p):

@@ -43,12 +43,37 @@ def kernel_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] = ()):
     def register(fn: Callable):
         qualname = f"{NAMESPACE}::{name}"
         if env.has_triton() and not env.triton_interpret():
-            return torch.library.triton_op(qualname, fn, mutates_args=mutates_args)
-        op = torch.library.custom_op(qualname, fn, mutates_args=mutates_args)
-        op.register_fake(fake)
+            op = torch.library.triton_op(qualname, fn, mutates_args=mutates_args)
+        else:
+            op = torch.library.custom_op(qualname, fn, mutates_args=mutates_args)
+            op.register_fake(fake)
+        op.launcher = fn  # the plain launcher, for `call_kernel`'s eager fast path
         return op
 
     return register
+
+
+def call_kernel(op, *args):
+    """Run a kernel op. In plain eager inference the launcher is called directly: the torch op dispatch
+    (custom-op and autograd layers in Python) costs more host time than a short kernel takes on the GPU.
+    Whenever anything could be watching (torch.compile, export, a dispatch mode such as FakeTensor or
+    make_fx, or autograd), the registered op is called, so the op appears in graphs and gets its backward.
+    """
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if (
+        torch.compiler.is_compiling()
+        or _current_dispatch_mode() is not None
+        or any(type(t) is not torch.Tensor for t in tensors)
+        or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    ):
+        return op(*args)
+    return op.launcher(*args)
+
+
+def _current_dispatch_mode():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
 
 
 def row_launch_config(n_cols: int, n_rows: int) -> tuple[int, int, int]:

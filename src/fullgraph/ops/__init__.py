@@ -8,19 +8,28 @@ Which one runs is a policy (`policies.py`): per instance, per op class (`set_pol
 # nor a GPU; a kernel is built on its first call.
 from fullgraph.ops import policies as _policies
 from fullgraph.ops.custom_op import CustomOp
+from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, modulate
 from fullgraph.ops.norms import LayerNorm, RMSNorm, layer_norm, rms_norm
 from fullgraph.ops.policies import Policy, counters, policy, set_policy
+from fullgraph.ops.rope import RotaryEmbedding, apply_rope, rope_tables
 
 _policies.check_env()
 
 __all__ = [
     "CustomOp",
+    "GatedResidual",
     "LayerNorm",
+    "Modulate",
     "Policy",
     "RMSNorm",
+    "RotaryEmbedding",
+    "apply_rope",
     "counters",
+    "gated_residual",
     "layer_norm",
+    "modulate",
     "policy",
     "rms_norm",
+    "rope_tables",
     "set_policy",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fullgraph.kernels._library import call_kernel
 from fullgraph.kernels.layer_norm import layer_norm_fwd
 from fullgraph.kernels.rms_norm import rms_norm_fwd, rms_norm_residual_fwd
 from fullgraph.ops._autograd import backward_from_native
@@ -26,10 +27,9 @@ def rms_norm_native(x, weight=None, eps: float = 1e-6, residual=None):
 
 
 def rms_norm_kernel(x, weight=None, eps: float = 1e-6, residual=None):
-    ops = torch.ops.fullgraph
     if residual is None:
-        return ops.rms_norm(x, weight, eps)
-    return ops.rms_norm_residual(x, residual, weight, eps)
+        return call_kernel(rms_norm_fwd, x, weight, eps)
+    return call_kernel(rms_norm_residual_fwd, x, residual, weight, eps)
 
 
 def layer_norm_native(x, weight=None, bias=None, eps: float = 1e-5):
@@ -45,7 +45,7 @@ def layer_norm_native(x, weight=None, bias=None, eps: float = 1e-5):
 
 
 def layer_norm_kernel(x, weight=None, bias=None, eps: float = 1e-5):
-    return torch.ops.fullgraph.layer_norm(x, weight, bias, eps)
+    return call_kernel(layer_norm_fwd, x, weight, bias, eps)
 
 
 backward_from_native(rms_norm_fwd, rms_norm_native)

@@ -1,0 +1,143 @@
+"""DiT adaLN modulation: `modulate(x, shift, scale)` before a block and `gated_residual(x, h, gate)` after it.
+
+    modulate:        x * (1 + scale) + shift
+    gated_residual:  x + gate * h
+
+The conditioning parameters (shift, scale, gate) hold one row of C per batch element or per video frame:
+`[B, C]` or `[B, 1, C]` against x `[B, N, C]`; `[B, T, 1, C]` against x `[B, T, S, C]`, or against x
+`[B, N, C]` whose N tokens are T frames of N / T tokens each. Math is in float32; the result has x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fullgraph.errors import UsageError
+from fullgraph.kernels._library import call_kernel
+from fullgraph.kernels.modulate import gated_residual_fwd, groups, modulate_fwd
+from fullgraph.ops._autograd import backward_from_native
+from fullgraph.ops._checks import check_float, check_same_device, check_same_shape
+from fullgraph.ops.custom_op import CustomOp, dispatch
+
+PARAM_FORMS = "[B, C] or [B, 1, C] with x [B, N, C]; [B, T, 1, C] with x [B, T, S, C] or x [B, N, C] (N % T == 0)"
+
+
+def check_param(name: str, p: torch.Tensor, x: torch.Tensor) -> None:
+    """`p` must be one of the per-batch or per-frame forms in PARAM_FORMS for this x."""
+    shape = tuple(p.shape)
+    b, c = x.shape[0], x.shape[-1]
+    if p.dim() == 0 or shape[-1] != c:
+        raise UsageError(f"{name} must end in x's channel dimension C={c}, got shape {shape}")
+    if x.dim() == 3 and shape in ((b, c), (b, 1, c)):
+        return
+    if p.dim() == 4 and shape[0] == b and shape[2] == 1:
+        frames = shape[1]
+        if x.dim() == 4 and x.shape[1] == frames:
+            return
+        if x.dim() == 3:
+            if frames == 0 or x.shape[1] % frames:
+                raise UsageError(
+                    f"{name} has {frames} frames ([B, T, 1, C] = {shape}) but x {tuple(x.shape)} has "
+                    f"N={x.shape[1]} tokens, not a multiple of T; the frames must split the tokens evenly"
+                )
+            return
+    raise UsageError(f"{name} has shape {shape}, which does not fit x {tuple(x.shape)}; accepted: {PARAM_FORMS}")
+
+
+def _check_x(x: torch.Tensor) -> None:
+    check_float("x", x)
+    if x.dim() not in (3, 4):
+        raise UsageError(f"x must have shape [B, N, C] or [B, T, S, C], got {tuple(x.shape)}")
+
+
+def check_modulate_inputs(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> None:
+    _check_x(x)
+    check_float("shift", shift)
+    check_float("scale", scale)
+    check_same_device(x, shift=shift, scale=scale)
+    if shift.shape != scale.shape:
+        raise UsageError(
+            f"shift and scale must have the same shape, got shift {tuple(shift.shape)}, scale {tuple(scale.shape)}"
+        )
+    check_param("shift", shift, x)
+
+
+def check_gated_residual_inputs(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor) -> None:
+    _check_x(x)
+    check_float("h", h)
+    check_float("gate", gate)
+    check_same_device(x, h=h, gate=gate)
+    check_same_shape("h", h, x)
+    check_param("gate", gate, x)
+
+
+def _grouped(x: torch.Tensor, *params: torch.Tensor):
+    """x as float32 [G, R, C] and each parameter (all of one shape) as float32 [G, 1, C], to broadcast row-wise."""
+    n_groups, rows_per_group = groups(x, params[0])
+    c = x.shape[-1]
+    return x.reshape(n_groups, rows_per_group, c).float(), *(p.reshape(n_groups, 1, c).float() for p in params)
+
+
+def modulate_native(x, shift, scale):
+    x32, shift32, scale32 = _grouped(x, shift, scale)  # x32: [G, R, C], shift32/scale32: [G, 1, C]
+    return (x32 * (1 + scale32) + shift32).reshape(x.shape).to(x.dtype)
+
+
+def gated_residual_native(x, h, gate):
+    x32, gate32 = _grouped(x, gate)
+    h32 = h.reshape(x32.shape).float()
+    return (x32 + gate32 * h32).reshape(x.shape).to(x.dtype)
+
+
+def modulate_kernel(x, shift, scale):
+    return call_kernel(modulate_fwd, x, shift, scale)
+
+
+def gated_residual_kernel(x, h, gate):
+    return call_kernel(gated_residual_fwd, x, h, gate)
+
+
+backward_from_native(modulate_fwd, modulate_native)
+backward_from_native(gated_residual_fwd, gated_residual_native)
+
+
+def modulate(x, shift, scale):
+    """`x * (1 + scale) + shift` with shift/scale per batch element or frame (policy of op `modulate`)."""
+    check_modulate_inputs(x, shift, scale)
+    impl = dispatch("modulate", None, x.device)
+    return (modulate_kernel if impl == "kernel" else modulate_native)(x, shift, scale)
+
+
+def gated_residual(x, h, gate):
+    """`x + gate * h`, h of x's shape, gate per batch element or frame (policy of op `gated_residual`)."""
+    check_gated_residual_inputs(x, h, gate)
+    impl = dispatch("gated_residual", None, x.device)
+    return (gated_residual_kernel if impl == "kernel" else gated_residual_native)(x, h, gate)
+
+
+class Modulate(CustomOp):
+    """`modulate` as a module, with no parameters of its own; `forward(x, shift, scale)`."""
+
+    name = "modulate"
+
+    def forward_native(self, x, shift, scale):
+        check_modulate_inputs(x, shift, scale)
+        return modulate_native(x, shift, scale)
+
+    def forward_kernel(self, x, shift, scale):
+        check_modulate_inputs(x, shift, scale)
+        return modulate_kernel(x, shift, scale)
+
+
+class GatedResidual(CustomOp):
+    """`gated_residual` as a module, with no parameters of its own; `forward(x, h, gate)`."""
+
+    name = "gated_residual"
+
+    def forward_native(self, x, h, gate):
+        check_gated_residual_inputs(x, h, gate)
+        return gated_residual_native(x, h, gate)
+
+    def forward_kernel(self, x, h, gate):
+        check_gated_residual_inputs(x, h, gate)
+        return gated_residual_kernel(x, h, gate)

@@ -1,0 +1,120 @@
+import pytest
+import torch
+
+import fullgraph.ops.rope  # noqa: F401  (registers torch.ops.fullgraph.rope and its backward)
+from fullgraph.kernels.rope import rope_fwd
+from fullgraph.ops.rope import rope_tables
+from tests.kernels.reference import REL_TOL, assert_close, rel_err
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+LAYOUTS = {"bnsd": 2, "bsnd": 1}
+
+
+def rope_ref(x, cos, sin, interleaved, seq_dim):
+    """The pairs spelled out as index lists, in float64."""
+    x, cos, sin = x.double(), cos.double(), sin.double()
+    h = cos.shape[-1]
+    if seq_dim == 1:
+        cos, sin = cos[:, None], sin[:, None]
+    a = torch.arange(0, 2 * h, 2) if interleaved else torch.arange(h)
+    b = a + 1 if interleaved else a + h
+    out = x.clone()
+    out[..., a] = x[..., a] * cos - x[..., b] * sin
+    out[..., b] = x[..., b] * cos + x[..., a] * sin
+    return out
+
+
+def make_x(b, h, n, d, layout, device, dtype=torch.float32):
+    shape = (b, h, n, d) if layout == "bnsd" else (b, n, h, d)
+    return torch.randn(shape, device=device, dtype=dtype) * 2 + 0.3
+
+
+def make_tables(n, rotary_dim, device, dtype=torch.float32):
+    """Random cos/sin, not unit pairs: a swapped or misindexed table cannot hide behind cos² + sin² = 1."""
+    return tuple(torch.randn(n, rotary_dim // 2, device=device, dtype=dtype) for _ in range(2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [1, 7, 77])
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 32), (64, 64), (80, 40), (80, 80), (128, 64), (128, 128)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_matches_float64(triton_device, interleaved, layout, head_dim, rotary_dim, seq, dtype):
+    x = make_x(2, 3, seq, head_dim, layout, triton_device, dtype)
+    cos, sin = make_tables(seq, rotary_dim, triton_device)
+    out = rope_fwd(x, cos, sin, interleaved, LAYOUTS[layout])
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_close(out, rope_ref(x, cos, sin, interleaved, LAYOUTS[layout]), dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pairings_differ(triton_device, layout):
+    x = make_x(2, 3, 7, 64, layout, triton_device)
+    cos, sin = make_tables(7, 64, triton_device)
+    half = rope_fwd(x, cos, sin, False, LAYOUTS[layout])
+    interleaved = rope_fwd(x, cos, sin, True, LAYOUTS[layout])
+    assert rel_err(half, interleaved.double()) > 0.1
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_pass_through_channels_are_copied_exactly(triton_device, interleaved):
+    x = make_x(2, 3, 7, 80, "bnsd", triton_device, torch.bfloat16)
+    cos, sin = make_tables(7, 32, triton_device)
+    out = rope_fwd(x, cos, sin, interleaved, 2)
+    assert torch.equal(out[..., 32:], x[..., 32:])
+    assert not torch.equal(out[..., :32], x[..., :32])
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_strided_inputs(triton_device, interleaved):
+    # [B, N, H, D] as a transposed view of [B, H, N, D] storage (and the reverse): used in place
+    for layout, storage in (("bsnd", (2, 3, 77, 64)), ("bnsd", (2, 77, 3, 64))):
+        x = torch.randn(storage, device=triton_device, dtype=torch.float16).transpose(1, 2)
+        assert not x.is_contiguous()
+        cos, sin = make_tables(77, 48, triton_device)
+        ref = rope_ref(x, cos, sin, interleaved, LAYOUTS[layout])
+        assert_close(rope_fwd(x, cos, sin, interleaved, LAYOUTS[layout]), ref, torch.float16)
+    # channels with a stride (copied first), and cos/sin rows sliced from wider tables
+    x = torch.randn(2, 3, 64, 7, device=triton_device).transpose(-1, -2)
+    wide = torch.randn(2, 7, 64, device=triton_device)
+    cos, sin = wide[0, :, :24], wide[1, :, 8:32]
+    out = rope_fwd(x, cos, sin, interleaved, 2)
+    assert_close(out, rope_ref(x, cos, sin, interleaved, 2), torch.float32)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.float64, torch.bfloat16])
+def test_table_dtypes(triton_device, table_dtype):
+    x = make_x(2, 3, 7, 64, "bsnd", triton_device, torch.bfloat16)
+    cos, sin = make_tables(7, 64, triton_device, table_dtype)
+    assert_close(rope_fwd(x, cos, sin, True, 1), rope_ref(x, cos, sin, True, 1), torch.bfloat16)
+
+
+def test_head_dim_256_with_real_tables(triton_device):
+    x = make_x(1, 2, 77, 256, "bnsd", triton_device)
+    cos, sin = (t.to(triton_device) for t in rope_tables(77, 256))
+    out = rope_fwd(x, cos, sin, False, 2)
+    assert_close(out, rope_ref(x, cos, sin, False, 2), torch.float32)
+    # a rotation keeps each pair's length, so each head vector's norm
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=1e-5)
+
+
+def test_empty_sequence(triton_device):
+    x = make_x(2, 3, 0, 64, "bnsd", triton_device)
+    cos, sin = make_tables(0, 64, triton_device)
+    assert rope_fwd(x, cos, sin, False, 2).shape == x.shape
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_opcheck(triton_device, interleaved, layout):
+    x = make_x(2, 3, 7, 80, layout, triton_device, torch.bfloat16).requires_grad_()
+    cos, sin = make_tables(7, 48, triton_device)
+    torch.library.opcheck(torch.ops.fullgraph.rope.default, (x, cos, sin, interleaved, LAYOUTS[layout]))
+
+
+def test_tolerances_are_tight_enough_to_catch_a_pairing_off_by_one(triton_device):
+    # Rotating only the first 62 of 64 channels is a plausible bug; the check must see it.
+    x = make_x(2, 3, 7, 64, "bnsd", triton_device)
+    cos, sin = make_tables(7, 64, triton_device)
+    out = rope_fwd(x, cos[:, :31].contiguous(), sin[:, :31].contiguous(), True, 2)
+    assert rel_err(out, rope_ref(x, cos, sin, True, 2)) > REL_TOL[torch.float32] * 100

@@ -1,0 +1,143 @@
+import math
+
+import pytest
+import torch
+
+from fullgraph import ops
+from fullgraph.ops.rope import RotaryEmbedding, apply_rope, rope_native, rope_tables
+from tests.kernels.reference import assert_close
+from tests.kernels.test_rope import LAYOUTS, make_tables, make_x, rope_ref
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotary_dim", [40, 80])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_native_matches_float64(interleaved, layout, rotary_dim, dtype):
+    x = make_x(2, 3, 77, 80, layout, "cpu", dtype)
+    cos, sin = make_tables(77, rotary_dim, "cpu")
+    out = rope_native(x, cos, sin, interleaved, LAYOUTS[layout])
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_close(out, rope_ref(x, cos, sin, interleaved, LAYOUTS[layout]), dtype)
+
+
+def test_tables_follow_the_formula():
+    cos, sin = rope_tables(77, 64, base=500.0)
+    assert cos.shape == sin.shape == (77, 32) and cos.dtype == torch.float32
+    for n, i in ((0, 0), (1, 0), (5, 3), (76, 31)):
+        angle = n * 500.0 ** (-2 * i / 64)
+        assert cos[n, i].item() == pytest.approx(math.cos(angle), abs=1e-6)
+        assert sin[n, i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+
+
+def test_tables_are_cached():
+    cos, sin = rope_tables(33, 16)
+    again = rope_tables(33, 16, 10000.0, None, torch.float32)
+    assert again[0] is cos and again[1] is sin
+    other = rope_tables(33, 32)
+    assert other[0].shape == (33, 16) and not torch.equal(other[0][:, :8], cos[:, :8])
+    assert not torch.equal(rope_tables(33, 16, base=100.0)[0], cos)
+    assert rope_tables(33, 16, dtype=torch.float64)[0].dtype == torch.float64
+    m1, m2 = RotaryEmbedding(16, max_seq_len=33), RotaryEmbedding(16, max_seq_len=33)
+    assert m1.cos is m2.cos is cos
+
+
+def test_tables_built_in_inference_mode_support_backward():
+    with torch.inference_mode():
+        cos, sin = rope_tables(11, 8, base=123.0)
+    x = torch.randn(1, 2, 11, 8, requires_grad=True)
+    apply_rope(x, cos, sin).sum().backward()
+    assert x.grad is not None
+
+
+def test_relative_positions():
+    # The point of RoPE: <rope(q) at m, rope(k) at n> depends only on m - n.
+    cos, sin = rope_tables(20, 64)
+    q, k = torch.randn(64, dtype=torch.float64), torch.randn(64, dtype=torch.float64)
+    rows = torch.stack([q, k]).expand(20, 2, 64).transpose(0, 1)[None]  # [1, 2, 20, 64]: q, k at every position
+    for interleaved in (False, True):
+        out = rope_native(rows, cos, sin, interleaved, 2)[0]  # float32 math
+        scores = [(out[0, m] @ out[1, m - 3]).item() for m in (3, 9, 19)]
+        assert scores == pytest.approx([scores[0]] * 3, rel=1e-5)
+        assert (out[0, 5] @ out[1, 1]).item() != pytest.approx(scores[0], rel=1e-3)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_apply_rope_follows_policy(triton_device, impl):
+    x = make_x(2, 3, 7, 64, "bsnd", triton_device, torch.bfloat16)
+    cos, sin = make_tables(7, 32, triton_device)
+    before = ops.counters[("rope", "eager", impl)]
+    with ops.policy(rope=impl):
+        out = apply_rope(x, cos, sin, interleaved=True, layout="bsnd")
+    assert ops.counters[("rope", "eager", impl)] == before + 1
+    assert_close(out, rope_ref(x, cos, sin, True, 1), torch.bfloat16)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_module_matches_reference(triton_device, impl, layout):
+    m = RotaryEmbedding(48, max_seq_len=100, base=1000.0, interleaved=True, layout=layout, policy=impl)
+    m = m.to(triton_device)
+    x = make_x(2, 3, 77, 64, layout, triton_device, torch.float16)
+    cos, sin = rope_tables(77, 48, base=1000.0)
+    assert_close(m(x), rope_ref(x, cos, sin, True, LAYOUTS[layout]), torch.float16)
+    assert m.state_dict() == {}
+    assert "rotary_dim=48" in repr(m) and f"policy={impl}" in repr(m)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_gradients_agree(triton_device, impl):
+    # The kernel op differentiates through its native form: same gradients as float64 either way.
+    x = make_x(2, 3, 7, 80, "bnsd", triton_device).requires_grad_()
+    cos, sin = (t.requires_grad_() for t in make_tables(7, 48, triton_device))
+    with ops.policy(rope=impl):
+        out = apply_rope(x, cos, sin)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    refs = [t.detach().double().requires_grad_() for t in (x, cos, sin)]
+    rope_ref(*refs, False, 2).backward(grad_out.double())
+    for got, ref in zip((x, cos, sin), refs, strict=True):
+        assert_close(got.grad, ref.grad, torch.float32, scale=10)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_compiles_without_graph_breaks(triton_device, impl):
+    torch._dynamo.reset()
+    m = RotaryEmbedding(32, max_seq_len=16, layout="bsnd", policy=impl).to(triton_device)
+    x = make_x(2, 3, 9, 48, "bsnd", triton_device)
+    eager = m(x)
+    before = ops.counters[("rope", "compiled", impl)]
+    compiled = torch.compile(m, fullgraph=True)(x)
+    assert ops.counters[("rope", "compiled", impl)] == before + 1
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    assert torch._dynamo.explain(m)(x).graph_break_count == 0
+
+
+def bad_inputs():
+    x = torch.randn(2, 3, 7, 64)
+    cos, sin = torch.randn(7, 16), torch.randn(7, 16)
+    return [
+        ("rotary_dim_too_large", lambda: apply_rope(x, torch.randn(7, 40), torch.randn(7, 40)), "rotary_dim = 80"),
+        ("odd_rotary_dim", lambda: RotaryEmbedding(7), "rotary_dim must be a positive even number"),
+        ("odd_table_dim", lambda: rope_tables(7, 5), "rotary_dim must be a positive even number"),
+        ("cos_length", lambda: apply_rope(x, torch.randn(8, 16), sin), r"cos must have shape \[N, rotary_dim / 2\]"),
+        ("cos_ndim", lambda: apply_rope(x, torch.randn(7, 16, 1), sin), r"cos must have shape .*N = 7"),
+        ("sin_shape", lambda: apply_rope(x, cos, torch.randn(7, 8)), r"sin must have cos's shape \(7, 16\)"),
+        ("x_ndim", lambda: apply_rope(x[0], cos, sin), r"x must be 4-D \[B, H, N, D\]"),
+        ("x_dtype", lambda: apply_rope(torch.randint(0, 9, (2, 3, 7, 64)), cos, sin), "x must be float32"),
+        ("cos_dtype", lambda: apply_rope(x, torch.randint(0, 9, (7, 16)), sin), "cos must be a floating-point"),
+        ("device", lambda: apply_rope(x, cos, sin.to("meta")), "sin is on meta"),
+        ("layout", lambda: apply_rope(x, cos, sin, layout="bhsd"), "layout must be 'bnsd'"),
+        ("module_layout", lambda: RotaryEmbedding(16, layout="sbhd"), "layout must be 'bnsd'"),
+        ("max_seq_len", lambda: RotaryEmbedding(32, max_seq_len=5)(x), "max_seq_len = 5"),
+        ("module_head_dim", lambda: RotaryEmbedding(128)(x), "exceeds x's head dim D = 64"),
+    ]
+
+
+@pytest.mark.parametrize("case", bad_inputs(), ids=lambda c: c[0])
+def test_bad_input_names_the_argument(case):
+    _, call, message = case
+    with pytest.raises(ValueError, match=message):
+        call()
