@@ -13,7 +13,7 @@ from tests.skips import requires_cuda
 class Block(nn.Module):
     """adaLN modulation, LayerNorm, fused QKV, q/k RMSNorm, RoPE, SDPA, gated residual, fused residual RMSNorm."""
 
-    def __init__(self, dim: int = 64, heads: int = 2, max_len: int = 64):
+    def __init__(self, dim: int = 64, heads: int = 2, max_len: int = 256):
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
         self.ada = nn.Linear(dim, 3 * dim)

@@ -81,7 +81,7 @@ def test_module_matches_reference(triton_device, impl, layout):
     m = RotaryEmbedding(48, max_seq_len=100, base=1000.0, interleaved=True, layout=layout, policy=impl)
     m = m.to(triton_device)
     x = make_x(2, 3, 77, 64, layout, triton_device, torch.float16)
-    cos, sin = rope_tables(77, 48, base=1000.0)
+    cos, sin = rope_tables(77, 48, base=1000.0, device=triton_device)
     assert_close(m(x), rope_ref(x, cos, sin, True, LAYOUTS[layout]), torch.float16)
     assert m.state_dict() == {}
     assert "rotary_dim=48" in repr(m) and f"policy={impl}" in repr(m)

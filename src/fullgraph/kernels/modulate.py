@@ -4,10 +4,9 @@
     gated_residual:  y = x + gate * h
 
 x is viewed as [G, R, C] rows; shift, scale and gate as [G, C], one parameter row per group of R rows
-(per batch element, or per frame of a video). Memory traffic per row of C elements: read x (and h),
-write y, so 2·C·bytes (3·C·bytes for gated_residual); the parameter rows are tiny next to x and are read
-from L2 once per row. Math is in float32 whatever the input dtypes; y has x's dtype. Programs cover
-[ROWS, BLOCK_N] tiles, long rows split over several programs.
+(per batch element, or per frame of a video). Memory traffic per element: read x (and h), write y, so
+2·bytes (3·bytes for gated_residual); the parameter rows are tiny next to x and come from L2. Math is in
+float32 whatever the input dtypes; y has x's dtype. Each program covers BLOCK consecutive elements.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import math
 
 import torch
 
-from fullgraph.kernels._library import as_rows, kernel_op, launch, require_triton, row_launch_config
+from fullgraph.kernels._library import kernel_op, launch, require_triton
 
 
 def groups(x: torch.Tensor, param: torch.Tensor) -> tuple[int, int]:
@@ -27,10 +26,11 @@ def groups(x: torch.Tensor, param: torch.Tensor) -> tuple[int, int]:
     return n_groups, n_rows // n_groups if n_groups else 0
 
 
-# Columns per tile. An elementwise op needs no whole row in registers, so long rows are split across programs
-# rather than given more warps: on an H200, C=16384 bf16 as whole rows (16 warps) ran at 85% of copy bandwidth,
-# as 4096-column tiles at 93%. Rows up to this width keep row_launch_config's packing of short rows.
-MAX_TILE_COLS = 4096
+# Elements per program. Both ops are pure streaming with a broadcast, so they run as flat 1-D kernels (the
+# shape Inductor gives such ops): on an H200, [ROWS, BLOCK_N] row tiles reached 90% of copy bandwidth at
+# 16384x4096 bf16 where Inductor's flat kernels reached 96-100% (docs/ops-benchmark.md).
+BLOCK = 1024
+NUM_WARPS = 4
 
 
 @functools.cache
@@ -38,22 +38,17 @@ def _modulate_fwd_kernel():
     triton, tl = require_triton()
 
     @triton.jit
-    def kernel(
-        X, SHIFT, SCALE, Y,
-        n_rows, n_cols, rows_per_group, stride_x, stride_shift, stride_scale, stride_y,
-        ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    ):  # fmt: skip
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        mask = (rows < n_rows) & (cols < n_cols)
-        rows = rows.to(tl.int64)
-        group = rows // rows_per_group
-        # x is streamed once; the parameter rows are reused by every row of their group, so keep them in L2
-        x = tl.load(X + rows * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        shift = tl.load(SHIFT + group * stride_shift + cols, mask=mask, other=0.0, eviction_policy="evict_last")
-        scale = tl.load(SCALE + group * stride_scale + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+    def kernel(X, SHIFT, SCALE, Y, numel, n_cols, group_numel, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if WIDE:  # past 2**31 elements, offsets need 64 bits
+            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < numel
+        p = (offs // group_numel) * n_cols + offs % n_cols  # the parameter element for each x element
+        x = tl.load(X + offs, mask=mask, other=0.0)
+        shift = tl.load(SHIFT + p, mask=mask, other=0.0)
+        scale = tl.load(SCALE + p, mask=mask, other=0.0)
         y = x.to(tl.float32) * (1.0 + scale.to(tl.float32)) + shift.to(tl.float32)
-        tl.store(Y + rows * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
     return kernel
 
@@ -63,39 +58,31 @@ def _gated_residual_fwd_kernel():
     triton, tl = require_triton()
 
     @triton.jit
-    def kernel(
-        X, H, GATE, Y,
-        n_rows, n_cols, rows_per_group, stride_x, stride_h, stride_gate, stride_y,
-        ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    ):  # fmt: skip
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        mask = (rows < n_rows) & (cols < n_cols)
-        rows = rows.to(tl.int64)
-        group = rows // rows_per_group
-        x = tl.load(X + rows * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        h = tl.load(H + rows * stride_h + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        gate = tl.load(GATE + group * stride_gate + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+    def kernel(X, H, GATE, Y, numel, n_cols, group_numel, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if WIDE:
+            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < numel
+        p = (offs // group_numel) * n_cols + offs % n_cols
+        x = tl.load(X + offs, mask=mask, other=0.0)
+        h = tl.load(H + offs, mask=mask, other=0.0)
+        gate = tl.load(GATE + p, mask=mask, other=0.0)
         y = x.to(tl.float32) + gate.to(tl.float32) * h.to(tl.float32)
-        tl.store(Y + rows * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
     return kernel
 
 
 def _launch(kernel, x: torch.Tensor, a: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """`kernel(X, A, P, Y, ...)` over x's rows: `param` has one row per group; `a` is x-shaped or one too."""
-    x2, a2, p2 = as_rows(x), as_rows(a), as_rows(param)
-    n_rows, n_cols = x2.shape
+    """`kernel(X, A, P, Y, ...)` over x's elements: `param` has one row per group; `a` is x-shaped or one too."""
+    x, a, param = x.contiguous(), a.contiguous(), param.contiguous()  # flat indexing: copies only odd strides
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    y = out.view(-1, n_cols)
-    if out.numel():
+    numel = out.numel()
+    if numel:
         _, rows_per_group = groups(x, param)
-        block_n, rows, num_warps = row_launch_config(min(n_cols, MAX_TILE_COLS), n_rows)
-        grid = ((n_rows + rows - 1) // rows, (n_cols + block_n - 1) // block_n)
-        launch(kernel)[grid](
-            x2, a2, p2, y,
-            n_rows, n_cols, rows_per_group, x2.stride(0), a2.stride(0), p2.stride(0), y.stride(0),
-            ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
+        launch(kernel)[((numel + BLOCK - 1) // BLOCK,)](
+            x, a, param, out, numel, x.shape[-1], rows_per_group * x.shape[-1],
+            BLOCK=BLOCK, WIDE=numel + BLOCK >= 2**31, num_warps=NUM_WARPS,
         )  # fmt: skip
     return out
 

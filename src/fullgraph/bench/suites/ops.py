@@ -57,11 +57,14 @@ def _rope_tables(n, d, device):
     return ang.cos().float(), ang.sin().float()
 
 
-def _rope_ref(x, cos, sin):  # rotate-half, [B, N, H, D]
+def _rope_ref(x, cos, sin, interleaved=False):  # [B, N, H, D], every channel rotated
     x = x.double()
     c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
-    x1, x2 = x.chunk(2, -1)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack([a * c - b * s, b * c + a * s], -1).flatten(-2)
+    a, b = x.chunk(2, -1)
+    return torch.cat([a * c - b * s, b * c + a * s], -1)
 
 
 def _rope_inputs(rows, cols, dtype, device):
@@ -118,11 +121,17 @@ CASES = {
         lambda x, cos, sin: ops.apply_rope(x, cos, sin, layout="bsnd"),
         _rope_ref,
     ),
+    "rope_interleaved": OpCase(
+        "rope_interleaved",
+        _rope_inputs,
+        lambda x, cos, sin: ops.apply_rope(x, cos, sin, interleaved=True, layout="bsnd"),
+        lambda x, cos, sin: _rope_ref(x, cos, sin, interleaved=True),
+    ),
 }
 
 
 def _policy_of(case: str) -> str:
-    return "rms_norm" if case == "rms_norm_residual" else case
+    return {"rms_norm_residual": "rms_norm", "rope_interleaved": "rope"}.get(case, case)
 
 
 def _under(op: str, impl: str, fn: Callable) -> Callable:
