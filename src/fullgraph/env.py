@@ -93,9 +93,12 @@ def inductor_cache_dir() -> str:
 
 
 def git_commit(path: str | None = None) -> str | None:
-    """Short commit of the checkout fullgraph runs from, if it is one (results are tagged with it)."""
+    """Short commit of the checkout fullgraph runs from (results are tagged with it); FULLGRAPH_COMMIT names
+    it where the tree was copied without its .git folder."""
     import subprocess
 
+    if os.environ.get("FULLGRAPH_COMMIT"):
+        return os.environ["FULLGRAPH_COMMIT"]
     here = path or os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(
