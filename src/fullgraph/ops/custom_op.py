@@ -71,6 +71,11 @@ def _count_trace(op: str, impl: str) -> bool:
     return True
 
 
+def run(op: str, native, kernel, x: torch.Tensor, *args):
+    """A functional form's body: `native(x, *args)` or `kernel(x, *args)`, as op `op`'s policy decides."""
+    return (kernel if dispatch(op, None, x.device) == "kernel" else native)(x, *args)
+
+
 def _first_device(args: tuple[Any, ...]) -> torch.device:
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -101,7 +106,11 @@ class CustomOp(nn.Module):
         """Which implementation a call on `device` would run now: "native" or "kernel"."""
         return choose(self.name, self.policy, torch.device(device), compiling)
 
+    def check_inputs(self, *args, **kwargs) -> None:
+        """Raise a ValueError naming a bad argument; called once per call, before either implementation."""
+
     def forward(self, *args, **kwargs):
+        self.check_inputs(*args, **kwargs)
         impl = dispatch(self.name, self.policy, _first_device(args), self._choices)
         if impl == "kernel":
             return self.forward_kernel(*args, **kwargs)

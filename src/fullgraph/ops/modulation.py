@@ -17,7 +17,7 @@ from fullgraph.kernels._library import call_kernel
 from fullgraph.kernels.modulate import gated_residual_fwd, groups, modulate_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_float, check_same_device, check_same_shape
-from fullgraph.ops.custom_op import CustomOp, dispatch
+from fullgraph.ops.custom_op import CustomOp, run
 
 PARAM_FORMS = "[B, C] or [B, 1, C] with x [B, N, C]; [B, T, 1, C] with x [B, T, S, C] or x [B, N, C] (N % T == 0)"
 
@@ -102,42 +102,30 @@ backward_from_native(gated_residual_fwd, gated_residual_native)
 
 
 def modulate(x, shift, scale):
-    """`x * (1 + scale) + shift` with shift/scale per batch element or frame (policy of op `modulate`)."""
+    """`x * (1 + scale) + shift`, shift and scale per batch element or frame (policy of op `modulate`)."""
     check_modulate_inputs(x, shift, scale)
-    impl = dispatch("modulate", None, x.device)
-    return (modulate_kernel if impl == "kernel" else modulate_native)(x, shift, scale)
+    return run("modulate", modulate_native, modulate_kernel, x, shift, scale)
 
 
 def gated_residual(x, h, gate):
     """`x + gate * h`, h of x's shape, gate per batch element or frame (policy of op `gated_residual`)."""
     check_gated_residual_inputs(x, h, gate)
-    impl = dispatch("gated_residual", None, x.device)
-    return (gated_residual_kernel if impl == "kernel" else gated_residual_native)(x, h, gate)
+    return run("gated_residual", gated_residual_native, gated_residual_kernel, x, h, gate)
 
 
 class Modulate(CustomOp):
     """`modulate` as a module, with no parameters of its own; `forward(x, shift, scale)`."""
 
     name = "modulate"
-
-    def forward_native(self, x, shift, scale):
-        check_modulate_inputs(x, shift, scale)
-        return modulate_native(x, shift, scale)
-
-    def forward_kernel(self, x, shift, scale):
-        check_modulate_inputs(x, shift, scale)
-        return modulate_kernel(x, shift, scale)
+    check_inputs = staticmethod(check_modulate_inputs)
+    forward_native = staticmethod(modulate_native)
+    forward_kernel = staticmethod(modulate_kernel)
 
 
 class GatedResidual(CustomOp):
     """`gated_residual` as a module, with no parameters of its own; `forward(x, h, gate)`."""
 
     name = "gated_residual"
-
-    def forward_native(self, x, h, gate):
-        check_gated_residual_inputs(x, h, gate)
-        return gated_residual_native(x, h, gate)
-
-    def forward_kernel(self, x, h, gate):
-        check_gated_residual_inputs(x, h, gate)
-        return gated_residual_kernel(x, h, gate)
+    check_inputs = staticmethod(check_gated_residual_inputs)
+    forward_native = staticmethod(gated_residual_native)
+    forward_kernel = staticmethod(gated_residual_kernel)

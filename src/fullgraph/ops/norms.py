@@ -14,7 +14,7 @@ from fullgraph.kernels.layer_norm import layer_norm_fwd
 from fullgraph.kernels.rms_norm import rms_norm_fwd, rms_norm_residual_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_norm_inputs
-from fullgraph.ops.custom_op import CustomOp, dispatch
+from fullgraph.ops.custom_op import CustomOp, run
 
 
 def rms_norm_native(x, weight=None, eps: float = 1e-6, residual=None):
@@ -56,15 +56,13 @@ backward_from_native(layer_norm_fwd, layer_norm_native)
 def rms_norm(x, weight=None, eps: float = 1e-6, residual=None):
     """RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight` (policy of op `rms_norm`)."""
     check_norm_inputs(x, weight, residual=residual)
-    impl = dispatch("rms_norm", None, x.device)
-    return (rms_norm_kernel if impl == "kernel" else rms_norm_native)(x, weight, eps, residual)
+    return run("rms_norm", rms_norm_native, rms_norm_kernel, x, weight, eps, residual)
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
     """LayerNorm over the last dimension, affine or not (policy of op `layer_norm`)."""
     check_norm_inputs(x, weight, bias)
-    impl = dispatch("layer_norm", None, x.device)
-    return (layer_norm_kernel if impl == "kernel" else layer_norm_native)(x, weight, bias, eps)
+    return run("layer_norm", layer_norm_native, layer_norm_kernel, x, weight, bias, eps)
 
 
 class RMSNorm(CustomOp):
@@ -77,12 +75,13 @@ class RMSNorm(CustomOp):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, **factory)) if elementwise_affine else None
 
-    def forward_native(self, x, residual=None):
+    def check_inputs(self, x, residual=None):
         check_norm_inputs(x, self.weight, residual=residual)
+
+    def forward_native(self, x, residual=None):
         return rms_norm_native(x, self.weight, self.eps, residual)
 
     def forward_kernel(self, x, residual=None):
-        check_norm_inputs(x, self.weight, residual=residual)
         return rms_norm_kernel(x, self.weight, self.eps, residual)
 
 
@@ -99,10 +98,11 @@ class LayerNorm(CustomOp):
         self.weight = nn.Parameter(torch.ones(dim, **factory)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.zeros(dim, **factory)) if elementwise_affine and bias else None
 
-    def forward_native(self, x):
+    def check_inputs(self, x):
         check_norm_inputs(x, self.weight, self.bias)
+
+    def forward_native(self, x):
         return layer_norm_native(x, self.weight, self.bias, self.eps)
 
     def forward_kernel(self, x):
-        check_norm_inputs(x, self.weight, self.bias)
         return layer_norm_kernel(x, self.weight, self.bias, self.eps)

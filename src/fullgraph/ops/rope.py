@@ -14,7 +14,7 @@ from fullgraph.kernels._library import call_kernel
 from fullgraph.kernels.rope import rope_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_float, check_same_device
-from fullgraph.ops.custom_op import CustomOp, dispatch
+from fullgraph.ops.custom_op import CustomOp, run
 
 # layout -> the dim of x that indexes positions
 SEQ_DIM = {"bnsd": 2, "bsnd": 1}
@@ -88,8 +88,7 @@ backward_from_native(rope_fwd, rope_native)
 def apply_rope(x, cos, sin, *, interleaved: bool = False, layout: str = "bnsd"):
     """Rotate x's first 2·cos.shape[-1] channels by position (policy of op `rope`); see the module docstring."""
     seq_dim = check_rope_inputs(x, cos, sin, layout)
-    impl = dispatch("rope", None, x.device)
-    return (rope_kernel if impl == "kernel" else rope_native)(x, cos, sin, interleaved, seq_dim)
+    return run("rope", rope_native, rope_kernel, x, cos, sin, interleaved, seq_dim)
 
 
 # (length, rotary_dim, base, device, dtype) -> (cos, sin); shared by every module built with the same key
