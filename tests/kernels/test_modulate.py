@@ -64,7 +64,7 @@ def _inputs(form, c, dtype, param_dtype=None, device="cpu"):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("c", [63, 128, 3072])
+@pytest.mark.parametrize("c", [63, 128, 3072, 5120])
 @pytest.mark.parametrize("form", FORMS)
 def test_modulate_matches_float64(triton_device, form, c, dtype):
     x, shift, scale = _inputs(form, c, dtype, device=triton_device)
@@ -74,7 +74,7 @@ def test_modulate_matches_float64(triton_device, form, c, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("c", [63, 128, 3072])
+@pytest.mark.parametrize("c", [63, 128, 3072, 5120])
 @pytest.mark.parametrize("form", FORMS)
 def test_gated_residual_matches_float64(triton_device, form, c, dtype):
     x, gate, _ = _inputs(form, c, dtype, device=triton_device)
