@@ -15,7 +15,7 @@ def quick_start_commands() -> list[str]:
 def test_ci_runs_the_quick_start_verbatim():
     commands = quick_start_commands()
     assert len(commands) == 2
-    assert commands[0].endswith("fullgraph env") and "pytest" in commands[1]
+    assert commands[0].endswith("fullgraph doctor") and "pytest" in commands[1]
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     for cmd in commands:
         assert cmd in ci_lines

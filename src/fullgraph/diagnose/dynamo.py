@@ -1,0 +1,215 @@
+"""Graph breaks, recompiles and CUDA-graph skips, read from real Dynamo and Inductor runs.
+
+Nothing here calls `torch._dynamo.reset()` (which `torch._dynamo.explain` does, before and after): the
+model is compiled with a recording backend of our own, so its cache entries sit beside everyone else's and
+no other compiled model loses its compiled code. Recompiles are read from Dynamo's record of guard failures,
+CUDA-graph skips from Inductor's skip log, each captured around our own calls only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from fullgraph.diagnose.report import GraphBreak, Recompile
+
+# Our fixes, by what the reason says. First match wins; the last entry is the fallback.
+BREAK_FIXES = (
+    ("generic_jump", "a condition on a tensor's value: compute both branches and pick with torch.where(cond, a, b)"),
+    ("item()", "Tensor.item() leaves the graph: keep the value as a 0-d tensor and use it in tensor ops"),
+    ("print", "print/logging in forward: remove it, or log outside the compiled call"),
+    ("Dynamic shape operator", "output shape depends on data (mask indexing, nonzero): pad to a fixed size or mask"),
+    ("numpy", "numpy in forward: use the torch equivalent so the op stays in the graph"),
+    ("tolist", "tolist() leaves the graph: keep values as tensors"),
+    ("", "see torch's hint; restructure this line so Dynamo can trace it, or move it out of forward"),
+)
+
+RECOMPILE_FIXES = (
+    (r"size mismatch at index (\d+)", "declare the input's dim {0} dynamic before the first call"
+     " (torch._dynamo.mark_dynamic(input, {0}, min=..., max=...)), or pad it to a few fixed sizes (buckets)"),
+    ("dtype mismatch", "cast the inputs to one dtype before calling the compiled model"),
+    ("stride mismatch", "pass contiguous inputs (x.contiguous()) so strides stay the same between calls"),
+    ("device mismatch", "keep the inputs on one device"),
+    ("", "a Python value the graph depends on changed: pass it as a tensor, or fix it in __init__"),
+)  # fmt: skip
+
+
+def _first_match(table, text: str) -> str:
+    for pattern, fix in table:
+        m = re.search(pattern, text) if pattern else None
+        if not pattern or m:
+            return fix.format(*(m.groups() if m else ()))
+    return ""
+
+
+@functools.cache
+def _registry() -> dict:
+    """torch's graph-break registry (id -> type, explanation, hints), where this torch ships one."""
+    path = os.path.join(os.path.dirname(torch._dynamo.__file__), "graph_break_registry.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _registry_entry(reason: str) -> tuple[str, str, str]:
+    """(gb id, gb type, first hint) for a break reason: by the id in torch's link, else by the type's text."""
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    m = re.search(r"/gb/gb(\d+)\.html", reason)
+    reg = _registry()
+    gb_id = f"GB{m.group(1)}" if m else next((k for k, v in reg.items() if v and v[0].get("Gb_type") == first), "")
+    entry = reg.get(gb_id, [{}])[0] if gb_id else {}
+    hints = entry.get("Hints") or re.findall(r"Hint: (.*)", reason)
+    return gb_id, entry.get("Gb_type", first if gb_id else ""), (hints[0].strip() if hints else "")
+
+
+def _break_from(reason_obj) -> GraphBreak:
+    frame = reason_obj.user_stack[-1] if reason_obj.user_stack else None
+    reason = reason_obj.reason or ""
+    gb_id, gb_type, hint = _registry_entry(reason)
+    return GraphBreak(
+        file=frame.filename if frame else "",
+        line=frame.lineno if frame else 0,
+        function=frame.name if frame else "",
+        source=(frame.line or "").strip() if frame else "",
+        reason=reason.strip().splitlines()[0] if reason.strip() else "",
+        gb_id=gb_id,
+        gb_type=gb_type,
+        hint=hint,
+        fix=_first_match(BREAK_FIXES, reason),
+    )
+
+
+@dataclass
+class Recorder:
+    """A torch.compile backend that records each graph Dynamo hands over, then runs it eagerly."""
+
+    graphs: list = field(default_factory=list)
+    breaks: list[GraphBreak] = field(default_factory=list)
+    recording: bool = True  # off after the first run: recompiles for new inputs are not new graph breaks
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        if not self.recording:
+            return gm.forward
+        self.graphs.append(gm)
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if reason is not None and reason.graph_break:
+            self.breaks.append(_break_from(reason))
+        return gm.forward
+
+    @property
+    def graph_break_count(self) -> int:
+        # The count torch._dynamo.explain reports: graphs captured, less one.
+        return max(len(self.graphs) - 1, 0)
+
+
+@contextlib.contextmanager
+def room_for_recompiles():
+    """The doctor compiles one model several ways; raise Dynamo's per-function recompile limit meanwhile so
+    later configurations are not silently run in eager mode. Scoped: restored on exit."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    with cfg.patch(**{name: max(getattr(cfg, name), 64)}):
+        yield
+
+
+def capture_breaks(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> tuple[Recorder, Callable]:
+    """Compile `model` with a `Recorder` and run it once on `inputs`; returns the recorder and the compiled model."""
+    rec = Recorder()
+    compiled = torch.compile(model, backend=rec)
+    with torch.no_grad(), quiet_dynamo():
+        compiled(*inputs)
+    rec.recording = False
+    return rec, compiled
+
+
+@contextlib.contextmanager
+def quiet_dynamo():
+    """Silence Dynamo's own warnings about the breaks we are recording (the report carries them). Scoped."""
+    logger = logging.getLogger("torch._dynamo")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _failures_snapshot() -> dict:
+    from torch._dynamo.utils import guard_failures
+
+    return {code: len(v) for code, v in guard_failures.items()}
+
+
+def _new_failures(before: dict) -> list[tuple]:
+    from torch._dynamo.utils import guard_failures
+
+    return [(code, r) for code, v in guard_failures.items() for r in v[before.get(code, 0) :]]
+
+
+def capture_recompiles(compiled: Callable, variants: Sequence[tuple[str, Sequence[torch.Tensor]]]) -> list[Recompile]:
+    """Call `compiled` on each (trigger, inputs) in turn and report the guard failures each call caused."""
+    out: list[Recompile] = []
+    for trigger, inputs in variants:
+        before = _failures_snapshot()
+        with torch.no_grad(), quiet_dynamo():
+            compiled(*inputs)
+        for code, reason in _new_failures(before):
+            failure = str(reason).strip()
+            out.append(
+                Recompile(
+                    function=code.co_name,
+                    file=code.co_filename,
+                    line=code.co_firstlineno,
+                    trigger=trigger,
+                    guard_failure=failure,
+                    fix=_first_match(RECOMPILE_FIXES, failure),
+                )
+            )
+    return out
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def cudagraph_skips():
+    """Collect Inductor's CUDA-graph skip messages emitted inside the block (a list, filled on exit)."""
+    from torch._dynamo.utils import counters
+
+    names = ("torch._inductor.cudagraph_utils.__cudagraphs", "torch._inductor.cudagraph_utils")
+    loggers = [logging.getLogger(n) for n in names]
+    handler = _Collect()
+    saved = [(lg.level, lg.disabled) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+        lg.disabled = False
+    before = counters["inductor"]["cudagraph_skips"]
+    found: list[str] = []
+    try:
+        yield found
+    finally:
+        for lg, (level, disabled) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.disabled = disabled
+        skips = counters["inductor"]["cudagraph_skips"] - before
+        found.extend(dict.fromkeys(m for m in handler.messages if "skip" in m.lower()))
+        if skips > len(found):
+            found.append(f"{skips - len(found)} more skip(s) counted by Inductor without a logged reason")

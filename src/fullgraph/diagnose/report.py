@@ -1,0 +1,152 @@
+"""The doctor's report: frozen dataclasses with a JSON round trip (schema in docs/doctor.md).
+
+Every section is data; rendering (terminal, JSON, HTML) lives elsewhere and reads only these fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One lint finding: where, which rule, what is wrong and how to fix it."""
+
+    path: str
+    line: int
+    col: int
+    rule: str  # rule id, e.g. "FG001"
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """One graph break from a real Dynamo run, located in the user's code."""
+
+    file: str
+    line: int
+    function: str
+    source: str  # the user's source line, stripped
+    reason: str  # Dynamo's reason, first line
+    gb_id: str  # torch's graph-break registry id ("GB0123"), "" where torch ships none
+    gb_type: str  # the registry's short name for the break
+    hint: str  # torch's hint, where the registry has one
+    fix: str  # ours
+
+
+@dataclass(frozen=True)
+class Recompile:
+    """One recompilation: the guard that failed, on which variation of the inputs, and the fix."""
+
+    function: str
+    file: str
+    line: int
+    trigger: str  # what was varied: "batch", "seq", "dtype", or "inputs" (the given inputs themselves)
+    guard_failure: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    """One way of running the model (eager or a compile mode, one dtype), measured side by side."""
+
+    name: str  # "eager fp32", "compile max-autotune bf16"
+    mode: str  # "eager" or the torch.compile mode
+    dtype: str
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    compile_s: float | None = None  # first call, compilation included
+    peak_memory_bytes: int | None = None
+    rel_err: float | None = None  # against eager fp32: ||out - ref|| / ||ref||
+    tolerance: float | None = None  # the bound rel_err was held to for this dtype
+    error: str | None = None  # why it could not run, if it could not
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.rel_err is not None and self.rel_err <= (self.tolerance or 0.0)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    config: str  # ConfigResult.name
+    speedup: float  # over eager fp32
+    code: str  # the exact code to use
+
+
+@dataclass(frozen=True)
+class ChecklistItem:
+    item: str
+    status: str  # "pass", "fail" or "not-measured"
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Report:
+    target: str
+    device: str
+    inputs: list[str]  # input specs, "4x3x224x224:float32"
+    environment: dict[str, Any]
+    lint: list[Finding] = field(default_factory=list)
+    graph_count: int = 0
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    recompiles: list[Recompile] = field(default_factory=list)
+    cudagraph_skips: list[str] = field(default_factory=list)
+    configs: list[ConfigResult] = field(default_factory=list)
+    recommendation: Recommendation | None = None
+    checklist: list[ChecklistItem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def graph_break_count(self) -> int:
+        """Graphs captured, less one: the count torch._dynamo.explain reports for the same run."""
+        return max(self.graph_count - 1, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Report:
+        d = dict(d)
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"report schema {d.get('schema_version')} is not {SCHEMA_VERSION}; re-run the doctor")
+        d["lint"] = [Finding(**f) for f in d.get("lint", [])]
+        d["graph_breaks"] = [GraphBreak(**g) for g in d.get("graph_breaks", [])]
+        d["recompiles"] = [Recompile(**r) for r in d.get("recompiles", [])]
+        d["configs"] = [ConfigResult(**c) for c in d.get("configs", [])]
+        d["checklist"] = [ChecklistItem(**c) for c in d.get("checklist", [])]
+        if d.get("recommendation") is not None:
+            d["recommendation"] = Recommendation(**d["recommendation"])
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        return cls.from_dict(json.loads(text))
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        write_atomic(path, self.to_json())
+
+    def save_html(self, path: str | os.PathLike) -> None:
+        from fullgraph.diagnose.html import render_html
+
+        write_atomic(path, render_html(self))
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write all of `text` or nothing: a report is never left half-written."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)

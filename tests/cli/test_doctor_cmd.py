@@ -1,0 +1,68 @@
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fullgraph.diagnose.report import Report
+
+
+def doctor_cli(cwd, *args, timeout=300):
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "fullgraph", "doctor", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+    return r, time.monotonic() - t0
+
+
+def test_no_arguments_runs_the_demo_and_writes_both_reports(tmp_path):
+    r, seconds = doctor_cli(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert seconds <= 90, f"the demo took {seconds:.0f} s"
+    report = Report.from_json((tmp_path / "fullgraph_report.json").read_text())
+    assert report.graph_break_count == 2 and report.recompiles and report.recommendation
+    html = (tmp_path / "fullgraph_report.html").read_text()
+    assert 'id="graph-breaks"' in html and "<svg" in html
+    assert "graph breaks: 2" in r.stdout and "recommendation:" in r.stdout
+    assert "graph breaks: compiling" in r.stderr  # progress lines while it works
+
+
+@pytest.mark.parametrize(
+    ("body", "args", "message"),
+    [
+        ("import no_such_package_xyz\n", [], "does not import: ModuleNotFoundError"),
+        ("def build():\n    raise RuntimeError('weights missing')\n", [], "raised while building the model"),
+        ("def build():\n    return nn.Linear(4, 4)\n", ["--input", "2xfour"], "does not parse"),
+        ("def build():\n    return nn.Linear(4, 4)\n", ["--input", "2x5"], "fails in eager mode"),
+    ],
+    ids=["import", "raises", "spec", "eager"],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, body, args, message):
+    (tmp_path / "m.py").write_text("import torch\nfrom torch import nn\n" + body)
+    r, _ = doctor_cli(tmp_path, "m.py:build", *args, "--mode", "eager")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert message in lines[-1] and "Traceback" not in r.stderr
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("fullgraph_report")]
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    (tmp_path / "m.py").write_text("def build():\n    raise RuntimeError('weights missing')\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "fullgraph", "--verbose", "doctor", "m.py:build"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_json_report_names_every_section(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import torch\nfrom torch import nn\ndef build():\n    return nn.Linear(4, 4), torch.randn(3, 4)\n"
+    )
+    r, _ = doctor_cli(tmp_path, "m.py:build", "--mode", "eager", "--json", "r.json", "--html", "r.html")
+    assert r.returncode == 0, r.stderr
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert {"target", "device", "inputs", "environment", "lint", "graph_count", "graph_breaks", "recompiles"} <= set(d)
+    assert {"cudagraph_skips", "configs", "recommendation", "checklist", "notes", "schema_version"} <= set(d)

@@ -1,0 +1,93 @@
+import inspect
+import os
+
+import pytest
+import torch
+
+from fullgraph.diagnose import dynamo
+from tests.diagnose import models
+
+MODELS_FILE = os.path.abspath(models.__file__)
+
+
+def break_lines(cls) -> set[int]:
+    """Lines of cls.forward marked `# break` in models.py."""
+    src, start = inspect.getsourcelines(cls.forward)
+    return {start + i for i, line in enumerate(src) if "# break" in line}
+
+
+@pytest.mark.parametrize("cls", [*models.BROKEN, models.Clean], ids=lambda c: c.__name__)
+def test_break_count_matches_explain_and_names_user_lines(cls):
+    model = cls()
+    x = torch.randn(4, 16).abs() + 0.1  # positive: the value branches take the same path in both runs
+    rec, _ = dynamo.capture_breaks(model, (x,))
+    expected = torch._dynamo.explain(model)(x).graph_break_count
+    assert rec.graph_break_count == expected
+    if cls is models.Clean:
+        assert rec.breaks == []
+    # explain counts graphs - 1; a break inside a called module splits the callee too, so that count can exceed the
+    # places that broke. Each place is listed once, with its line.
+    marked = break_lines(cls) | (break_lines(models.ItemCall) if cls is models.Several else set())
+    assert {b.line for b in rec.breaks} == marked and len(rec.breaks) == len(marked) <= expected
+    for b in rec.breaks:
+        assert os.path.abspath(b.file) == MODELS_FILE and b.line > 0
+        assert b.reason and b.fix
+
+
+def test_break_details_from_torch_registry():
+    rec, _ = dynamo.capture_breaks(models.ItemCall(), (torch.randn(3, 16),))
+    (b,) = rec.breaks
+    assert "item()" in b.source and b.function == "forward"
+    if dynamo._registry():  # torch >= 2.7 ships its graph-break registry
+        assert b.gb_id.startswith("GB") and b.gb_type and b.hint
+
+
+def test_other_compiled_models_keep_their_code():
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    other = torch.compile(lambda t: t * 2 + 1, backend=counting)
+    x = torch.randn(8)
+    other(x)
+    assert len(compiles) == 1
+    dynamo.capture_breaks(models.Several(), (torch.randn(4, 16),))
+    other(x)
+    assert len(compiles) == 1  # the doctor's run did not discard `other`'s compiled code
+    torch._dynamo.explain(models.ItemCall())(torch.randn(4, 16))
+    other(x)
+    assert len(compiles) == 2  # explain does (it resets Dynamo): the reason the doctor does not use it
+
+
+def test_recompiles_found_with_guard_and_fix():
+    rec, compiled = dynamo.capture_breaks(models.Clean(), (torch.randn(4, 16),))
+    found = dynamo.capture_recompiles(compiled, [("inputs", (torch.randn(4, 16),)), ("batch", (torch.randn(9, 16),))])
+    assert [r.trigger for r in found] == ["batch"]
+    (r,) = found
+    assert "size mismatch at index 0" in r.guard_failure and "mark_dynamic(input, 0" in r.fix
+    assert os.path.abspath(r.file) == MODELS_FILE and r.function == "forward"
+    assert rec.graph_break_count == 0  # the recompile is not counted as a new graph
+
+
+def test_room_for_recompiles_is_scoped():
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    before = getattr(cfg, name)
+    with dynamo.room_for_recompiles():
+        assert getattr(cfg, name) >= 64
+    assert getattr(cfg, name) == before
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("generic_jump TensorVariable()", "torch.where"),
+        ("Unsupported Tensor.item() call", "0-d tensor"),
+        ("Failed to trace builtin operator\n  Explanation: ... `print` ...", "print"),
+        ("something new", "torch's hint"),
+    ],
+)
+def test_fix_table(text, expect):
+    assert expect in dynamo._first_match(dynamo.BREAK_FIXES, text)
