@@ -6,6 +6,7 @@ import torch
 
 from fullgraph.diagnose import dynamo
 from tests.diagnose import models
+from tests.skips import requires_cuda
 
 MODELS_FILE = os.path.abspath(models.__file__)
 
@@ -91,3 +92,19 @@ def test_room_for_recompiles_is_scoped():
 )
 def test_fix_table(text, expect):
     assert expect in dynamo._first_match(dynamo.BREAK_FIXES, text)
+
+
+class MutatesInput(torch.nn.Module):
+    def forward(self, x):
+        x.add_(1)  # an input mutated in place: CUDA graphs cannot replay this safely
+        return x * 2
+
+
+@requires_cuda
+def test_cudagraph_skip_is_captured_with_its_reason():
+    compiled = torch.compile(MutatesInput(), mode="reduce-overhead")
+    x = torch.randn(64, device="cuda")
+    with torch.no_grad(), dynamo.cudagraph_skips() as skips:
+        for _ in range(3):
+            compiled(x)
+    assert skips and any("mutat" in s for s in skips), skips
