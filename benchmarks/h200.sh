@@ -4,7 +4,7 @@
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1  # absolute: tests start subprocesses in other folders
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 steps=${*:-env tests ceilings ops}
