@@ -1,21 +1,46 @@
-"""`fullgraph bench SUITE`: run a suite, print its table, append its rows to a CSV."""
+"""`fullgraph bench SUITE`: run a suite, print its table, append its rows to a CSV.
+
+The suites' arguments are declared here, as data, so building the command line imports neither torch nor the
+suites (every `fullgraph` call builds the whole parser); a suite module is imported only to run it.
+"""
 
 from __future__ import annotations
 
 import importlib
 
-from fullgraph.bench.suites import SUITES
+# suite -> (module with run(args) -> (rows, table), description, extra arguments as (flags, argparse kwargs))
+SUITES = {
+    "ceilings": (
+        "fullgraph.bench.suites.ceilings",
+        "copy bandwidth (TB/s) and GEMM rate (TFLOP/s) of this device",
+        [
+            ("--copy-mib", {"type": int, "help": "copied buffer size (default 2048 on GPU, 64 on CPU)"}),
+            ("--gemm-n", {"type": int, "help": "square GEMM size (default 8192 on GPU, 1024 on CPU)"}),
+        ],
+    ),
+    "ops": (
+        "fullgraph.bench.suites.ops",
+        "norms, RoPE and modulation: eager, built-in, compiled and kernel, in TB/s",
+        [
+            ("--ops", {"help": "comma-separated subset of the suite's ops (default: all)"}),
+            ("--shapes", {"help": "rows x cols list, e.g. 16384x4096,65536x128 (default: 3 shapes)"}),
+            ("--dtype", {"default": "bf16", "choices": ["bf16", "fp16", "fp32"]}),
+            ("--markdown", {"help": "also write the table as markdown to this file"}),
+        ],
+    ),
+}
 
 
 def add_parser(sub, name: str, help_text: str) -> None:
     p = sub.add_parser(name, help=help_text, description=help_text)
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=True)
-    for suite, (module, suite_help) in SUITES.items():
+    for suite, (module, suite_help, extra) in SUITES.items():
         sp = suites.add_parser(suite, help=suite_help, description=suite_help)
         sp.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
         sp.add_argument("--reps", type=int, default=30, help="timed repetitions per measurement (default 30)")
         sp.add_argument("--csv", default=f"fullgraph_{suite}.csv", help="results file to append to (long format)")
-        importlib.import_module(module).add_arguments(sp)
+        for flag, kwargs in extra:
+            sp.add_argument(flag, **kwargs)
         sp.set_defaults(run=run, suite_module=module)
 
 

@@ -18,6 +18,7 @@ from fullgraph.errors import FullgraphError
 COMMANDS = {
     "env": ("fullgraph.cli.env_cmd", "show versions, the GPU, and what can run here (Triton, attention backends)"),
     "bench": ("fullgraph.cli.bench_cmd", "run a benchmark suite and append its rows to a CSV"),
+    "lint": ("fullgraph.cli.lint_cmd", "static checks of forward code for graph breaks and recompiles"),
     "doctor": ("fullgraph.cli.doctor_cmd", "find graph breaks and recompiles, time every compile mode, recommend one"),
 }
 

@@ -26,7 +26,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "FG002",
         "host-sync",
-        "`{what}` waits for the device and copies a value to the host",
+        "`{what}` is a host sync: the CPU waits for the device, and .item() and .tolist() also break the graph",
         "keep the value a tensor and use it in tensor ops; convert it after the model call, outside forward",
     ),
     Rule(
@@ -101,8 +101,16 @@ MASK_FUNCS = frozenset(
     {"isnan", "isinf", "isfinite", "isneginf", "isposinf", "isin", "isclose", "logical_and", "logical_or",
      "logical_not", "logical_xor", "eq", "ne", "gt", "ge", "lt", "le", "bool"}
 )  # fmt: skip
-# torch functions that return no tensor, beyond is_*/get_*/set_* and CamelCase classes.
+# torch functions that return tensors live in these namespaces (and torch.ops.*), less is_*/has_*/get_*/set_*,
+# CamelCase classes and these:
+TENSOR_NAMESPACES = frozenset(
+    {"torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special", "torch.nested", "torch.sparse"}
+)
 NOT_TENSOR_TORCH = frozenset({"finfo", "iinfo", "device", "numel", "broadcast_shapes"})
-NOT_TENSOR_PACKAGES = ("torch.cuda.", "torch.backends.", "torch.compiler.", "torch.jit.", "torch._dynamo.")
+# Methods whose result is a Python value, not a tensor: tensor-to-Python conversions, and methods tensors lack.
+PYTHON_METHODS = frozenset(
+    {"item", "tolist", "numpy", "get", "keys", "values", "items", "copy", "count", "index", "format", "join",
+     "startswith", "endswith", "lower", "upper", "strip"}
+)  # fmt: skip
 COMPILE = frozenset({"torch.compile"})
 DISABLE = frozenset({"torch.compiler.disable", "torch._dynamo.disable"})  # callees that run eagerly: not scanned

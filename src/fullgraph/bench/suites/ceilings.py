@@ -7,11 +7,6 @@ from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.table import format_table
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--copy-mib", type=int, default=None, help="copied buffer size (default 2048 on GPU, 64 on CPU)")
-    p.add_argument("--gemm-n", type=int, default=None, help="square GEMM size (default 8192 on GPU, 1024 on CPU)")
-
-
 def run(args) -> tuple[list[Result], str]:
     c = measure_ceilings(
         device=args.device,

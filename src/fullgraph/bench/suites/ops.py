@@ -152,13 +152,6 @@ def variants(case: OpCase) -> dict[str, Callable]:
     return out
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--ops", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument("--shapes", default=None, help="rows x cols list, e.g. 16384x4096,65536x128 (default: 3 shapes)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--markdown", default=None, help="also write the table as markdown to this file")
-
-
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -175,7 +168,7 @@ def parse_shapes(spec: str) -> tuple[tuple[int, int], ...]:
 def run(args) -> tuple[list[Result], str]:
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
-    names = [n.strip() for n in args.ops.split(",") if n.strip()]
+    names = [n.strip() for n in (args.ops or ",".join(CASES)).split(",") if n.strip()]
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")

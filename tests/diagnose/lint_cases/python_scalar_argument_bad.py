@@ -1,0 +1,33 @@
+"""FG010 planted: Python numbers as arguments of forward and of compiled functions."""
+
+import torch
+from torch import nn
+
+
+class Scaled(nn.Module):
+    def forward(
+        self,
+        x,
+        scale=1.0,  # expect: FG010
+        steps: int = 4,  # expect: FG010
+        causal: bool = False,  # expect: FG010
+        temperature: float | None = None,  # expect: FG010
+        *,
+        eps=1e-6,  # expect: FG010
+        offset=-1,  # expect: FG010
+    ):
+        for _ in range(steps):
+            x = x * scale + offset
+        return x / (temperature or 1.0) + eps if causal else x
+
+
+@torch.compile
+def step(x, lr=0.1):  # expect: FG010
+    return x - lr * x.grad
+
+
+def apply_gain(x, gain: "float"):  # expect: FG010
+    return x * gain
+
+
+fast_gain = torch.compile(apply_gain)
