@@ -17,6 +17,7 @@ from fullgraph import env
 from fullgraph.bench.timing import first_call, measure, peak_memory
 from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.checklist import build_checklist
+from fullgraph.diagnose.lint import lint_source
 from fullgraph.diagnose.report import ConfigResult, Recommendation, Report
 from fullgraph.diagnose.target import first_line, spec_of
 
@@ -64,10 +65,6 @@ def vary_inputs(inputs: Sequence[torch.Tensor], kind: str) -> tuple[torch.Tensor
 
 
 def _lint(model: torch.nn.Module):
-    try:
-        from fullgraph.diagnose.lint import lint_source
-    except ImportError:  # lint lands separately; the doctor reports without it
-        return [], "lint: not available in this build"
     try:
         path = inspect.getsourcefile(type(model))
         with open(path, encoding="utf-8") as f:
