@@ -28,6 +28,14 @@ SUITES = {
             ("--markdown", {"help": "also write the table as markdown to this file"}),
         ],
     ),
+    "attention": (
+        "fullgraph.bench.suites.attention",
+        "every attention backend per point (ViT/DiT shapes, 197-16384 tokens), TFLOP/s, and auto's choice",
+        [
+            ("--seqs", {"help": "sequence lengths, e.g. 197,4096 (default 197,1024,4096,16384; 77 on CPU)"}),
+            ("--dtype", {"default": "bf16", "choices": ["bf16", "fp16", "fp32"]}),
+        ],
+    ),
 }
 
 

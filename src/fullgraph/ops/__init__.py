@@ -7,6 +7,7 @@ Which one runs is a policy (`policies.py`): per instance, per op class (`set_pol
 # Importing the op modules registers the kernel ops (torch.ops.fullgraph.*): that needs neither Triton
 # nor a GPU; a kernel is built on its first call.
 from fullgraph.ops import policies as _policies
+from fullgraph.ops.attention import Attention, attention, attention_choice
 from fullgraph.ops.custom_op import CustomOp
 from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, modulate
 from fullgraph.ops.norms import LayerNorm, RMSNorm, layer_norm, rms_norm
@@ -16,6 +17,7 @@ from fullgraph.ops.rope import RotaryEmbedding, apply_rope, rope_tables
 _policies.check_env()
 
 __all__ = [
+    "Attention",
     "CustomOp",
     "GatedResidual",
     "LayerNorm",
@@ -24,6 +26,8 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "apply_rope",
+    "attention",
+    "attention_choice",
     "counters",
     "gated_residual",
     "layer_norm",

@@ -1,0 +1,375 @@
+"""Attention backends: each a registered torch op, a capability table, and the cached "auto" choice.
+
+Every backend takes q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D] (any strides with a unit last-dim stride) and
+returns [B, Hq, Nq, D]; ours are laid out in memory as [B, Nq, Hq, D] (SDPA's and flash_attn's natural
+layout, contiguous for a "bsnd" caller), so each op's fake states the real strides. Each is opaque to
+torch.compile (a `custom_op` with a fake), so its body may enter `sdpa_kernel` or import a third-party
+package without breaking the graph; "triton" is `torch.ops.fullgraph.flash_attention`, which Inductor traces
+into on a GPU.
+
+"auto" keeps the backends that can serve the inputs (the table, then the backend's own runtime refusal),
+times them once per shape bucket on CUDA (`fullgraph.bench.timing.measure`) and caches the winner in
+memory and in `$FULLGRAPH_CACHE_DIR/attention_choices.json`. On the CPU, and under torch.compile before
+eager has timed the shape, it takes the first servable backend of a fixed preference order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from fullgraph import env
+from fullgraph.ops._autograd import backward_from_native
+
+log = logging.getLogger(__name__)
+
+HALF = (torch.float16, torch.bfloat16)
+FLOATS = (torch.float32, *HALF)
+_SCHEMA = "(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool causal, float scale) -> Tensor"
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What one backend accepts. `gqa`: "native" (takes Hkv < Hq) or "expand" (k/v heads are repeated first)."""
+
+    dtypes: Mapping[str, tuple[torch.dtype, ...]]  # device type ("*": any other) -> dtypes
+    max_head_dim: int | None = None
+    head_dim_multiple: int = 1
+    mask: tuple[str, ...] = ("*",)  # device types where an attn_mask is accepted
+    causal_square_only: bool = False  # causal only when Nq == Nk (SDPA's top-left alignment otherwise)
+    gqa: str = "native"
+    min_capability: tuple[int, int] | None = None
+    exact: bool = True  # False for quantized kernels, which "auto" never picks
+
+
+NO_MASK: tuple[str, ...] = ()
+BACKENDS: dict[str, Capability] = {
+    # SDPA's CPU flash kernel also serves float32 and masks; the CUDA one neither
+    "sdpa-flash": Capability({"cuda": HALF, "cpu": FLOATS}, max_head_dim=256, head_dim_multiple=8, mask=("cpu",)),
+    "sdpa-efficient": Capability({"cuda": FLOATS}, head_dim_multiple=8, gqa="expand"),
+    "sdpa-cudnn": Capability(
+        {"cuda": HALF},
+        max_head_dim=128,
+        head_dim_multiple=8,
+        mask=NO_MASK,
+        causal_square_only=True,
+        gqa="expand",
+        min_capability=(8, 0),
+    ),
+    "sdpa-math": Capability({"*": FLOATS}),
+    "flash_attn": Capability({"cuda": HALF}, max_head_dim=256, mask=NO_MASK, causal_square_only=True),
+    "flash_attn_3": Capability({"cuda": HALF}, max_head_dim=256, mask=NO_MASK, causal_square_only=True),
+    "sageattention": Capability({"cuda": HALF}, mask=NO_MASK, causal_square_only=True, gqa="expand", exact=False),
+    "triton": Capability({"cuda": FLOATS, "cpu": FLOATS}, max_head_dim=256, mask=NO_MASK, causal_square_only=True),
+}
+# "auto" without timing takes the first servable entry; the interpreter-run "triton" is never preferred on CPU.
+PREFERENCE: dict[str, tuple[str, ...]] = {
+    "cuda": ("sdpa-cudnn", "sdpa-flash", "flash_attn_3", "flash_attn", "triton", "sdpa-efficient", "sdpa-math"),
+    "cpu": ("sdpa-flash", "sdpa-math"),
+}
+_MODULES = {"flash_attn": "flash_attn", "flash_attn_3": "flash_attn_interface", "sageattention": "sageattention"}
+_TRITON_MODULE = "fullgraph.kernels.flash_attention"
+
+
+class Spec(NamedTuple):
+    """The facts about one call that decide which backends can serve it (plain values, for compile)."""
+
+    device_type: str
+    device_index: int | None
+    dtype: str  # "float16", ...
+    hq: int
+    hkv: int
+    d: int
+    nq: int  # -1 when symbolic under torch.compile
+    nk: int
+    square: bool  # Nq == Nk
+    causal: bool
+    mask: str  # "none", "bool" or "float"
+
+
+def _static(n) -> int:
+    return n if isinstance(n, int) else -1
+
+
+def spec_of(q, k, attn_mask, causal: bool) -> Spec:
+    """q [B, Hq, Nq, D], k [B, Hkv, Nk, D]; sizes that torch.compile keeps symbolic become -1."""
+    mask = "none" if attn_mask is None else "bool" if attn_mask.dtype == torch.bool else "float"
+    nq, nk = q.shape[2], k.shape[2]
+    return Spec(
+        q.device.type, q.device.index, str(q.dtype).removeprefix("torch."), int(q.shape[1]), int(k.shape[1]),
+        int(q.shape[3]), _static(nq), _static(nk), bool(nq == nk), bool(causal), mask,
+    )  # fmt: skip
+
+
+def availability(backend: str) -> str:
+    """ "" if `backend` is installed, else why not."""
+    if backend == "triton":
+        try:
+            importlib.import_module(_TRITON_MODULE)
+        except Exception as e:  # a missing file or a broken kernel module: report it, never crash dispatch
+            return f"{_TRITON_MODULE} does not import ({env.first_line(e)})"
+        return ""
+    module = _MODULES.get(backend)
+    if module is not None and importlib.util.find_spec(module) is None:
+        return f"it is not installed (import {module} fails)"
+    return ""
+
+
+def _on(table: Mapping, device_type: str):
+    return table.get(device_type, table.get("*"))
+
+
+@torch.compiler.assume_constant_result
+def serve_reason(backend: str, *spec) -> str:
+    """ "" if `backend` can serve a call described by `spec` (a `Spec`'s fields), else why not.
+
+    A constant to torch.compile: it reads the device's properties and imports packages, neither traceable.
+    """
+    s = Spec(*spec)
+    cap = BACKENDS[backend]
+    dtype = getattr(torch, s.dtype)
+    why = availability(backend)
+    if why:
+        return why
+    dtypes = _on(cap.dtypes, s.device_type)
+    if dtypes is None:
+        return f"it does not run on {s.device_type} (runs on {', '.join(cap.dtypes)})"
+    if dtype not in dtypes:
+        names = "/".join(str(t).removeprefix("torch.") for t in dtypes)
+        return f"it cannot serve {s.dtype} inputs on {s.device_type}: use {names}"
+    if cap.max_head_dim is not None and s.d > cap.max_head_dim:
+        return f"it supports head dim D <= {cap.max_head_dim}, got {s.d}"
+    if s.d % cap.head_dim_multiple:
+        return f"it needs head dim D divisible by {cap.head_dim_multiple}, got {s.d}"
+    if s.mask != "none" and not (s.device_type in cap.mask or "*" in cap.mask):
+        return "it takes no attn_mask: drop the mask (causal=True covers causal masks)"
+    if s.causal and cap.causal_square_only and not s.square:
+        return "it supports causal=True only when q and k have the same length"
+    if backend == "triton":
+        ok, why = env.triton_runs_on(s.device_type)
+        if not ok:
+            return f"Triton kernels cannot run here: {why}"
+    if cap.min_capability is not None and s.device_type == "cuda":
+        have = env.cuda_capability(s.device_index)
+        if have is None or have < cap.min_capability:
+            return f"it needs compute capability >= {cap.min_capability[0]}.{cap.min_capability[1]}, have {have}"
+    return ""
+
+
+# ---- the backend ops -------------------------------------------------------------------------------------
+
+
+def _bsnd_memory(out: torch.Tensor) -> torch.Tensor:
+    """[B, H, N, D] stored as [B, N, H, D] (the layout every op's fake promises); a no-op when it already is."""
+    return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _expand_kv(q, k, v):
+    rep = q.shape[1] // k.shape[1]
+    return (k, v) if rep == 1 else (k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1))
+
+
+def attention_native(q, k, v, attn_mask, causal: bool, scale: float):
+    """Plain SDPA: the reference every backend's backward differentiates."""
+    k, v = _expand_kv(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
+
+
+def _sdpa(enum_name: str, gqa_native: bool):
+    def impl(q, k, v, attn_mask, causal, scale):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        extra = {"enable_gqa": True} if gqa_native and q.shape[1] != k.shape[1] else {}
+        if not gqa_native:
+            k, v = _expand_kv(q, k, v)
+        with sdpa_kernel([getattr(SDPBackend, enum_name)]):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale, **extra)
+        return _bsnd_memory(out)
+
+    return impl
+
+
+def _flash_attn(module: str):
+    def impl(q, k, v, attn_mask, causal, scale):
+        flash_attn_func = importlib.import_module(module).flash_attn_func
+        out = flash_attn_func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=causal
+        )
+        out = out[0] if isinstance(out, tuple) else out  # some flash_attn_3 releases also return the log-sum-exp
+        return out.transpose(1, 2)  # [B, N, H, D] memory already
+
+    return impl
+
+
+def _sage(q, k, v, attn_mask, causal, scale):
+    from sageattention import sageattn
+
+    k, v = _expand_kv(q, k, v)
+    return _bsnd_memory(sageattn(q, k, v, tensor_layout="HND", is_causal=causal, sm_scale=scale))
+
+
+def _fake(q, k, v, attn_mask, causal, scale):
+    b, h, n, d = q.shape
+    return q.new_empty(b, n, h, d).transpose(1, 2)
+
+
+def _register(name: str, impl: Callable):
+    op = torch.library.custom_op(f"fullgraph::{name}", impl, mutates_args=(), schema=_SCHEMA)
+    op.register_fake(_fake)
+    backward_from_native(op, attention_native)
+    return op
+
+
+OPS = {
+    "sdpa-flash": _register("sdpa_flash", _sdpa("FLASH_ATTENTION", gqa_native=True)),
+    "sdpa-efficient": _register("sdpa_efficient", _sdpa("EFFICIENT_ATTENTION", gqa_native=False)),
+    "sdpa-cudnn": _register("sdpa_cudnn", _sdpa("CUDNN_ATTENTION", gqa_native=False)),
+    "sdpa-math": _register("sdpa_math", _sdpa("MATH", gqa_native=True)),
+    "flash_attn": _register("flash_attn_2", _flash_attn("flash_attn")),
+    "flash_attn_3": _register("flash_attn_3", _flash_attn("flash_attn_interface")),
+    "sageattention": _register("sageattention", _sage),
+}
+
+
+def run_backend(backend: str, q, k, v, attn_mask, causal: bool, scale: float) -> torch.Tensor:
+    if backend == "triton":  # ours, registered on import by the kernel module (`serve_reason` imported it)
+        return torch.ops.fullgraph.flash_attention(q, k, v, causal, scale)  # its own fake states its strides
+    return OPS[backend](q, k, v, attn_mask, causal, scale)
+
+
+# ---- "auto": choice, timing and the cache ---------------------------------------------------------------
+
+_memory: dict[str, str] = {}  # cache key -> backend, this process
+_disk: dict[str, dict[str, str]] = {}  # cache file path -> its choices, read once per path
+timings: dict[str, dict[str, float]] = {}  # cache key -> {backend: median ms} of the timings behind a choice
+
+
+def cache_path() -> str:
+    root = os.environ.get("FULLGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fullgraph")
+    return os.path.join(root, "attention_choices.json")
+
+
+def _bucket(n: int) -> int:
+    return -1 if n < 0 else 1 << max(n - 1, 0).bit_length()  # next power of two
+
+
+def cache_key(s: Spec) -> str:
+    """GPU (or "cpu"), torch, dtype, Hq, Hkv, D, Nq and Nk buckets, causal, has_mask."""
+    where = torch.cuda.get_device_name(s.device_index) if s.device_type == "cuda" else s.device_type
+    parts = (where, torch.__version__, s.dtype, s.hq, s.hkv, s.d, _bucket(s.nq), _bucket(s.nk), s.causal)
+    return "|".join(map(str, (*parts, s.mask != "none")))
+
+
+def load_choices(path: str | None = None) -> dict[str, str]:
+    """The choices saved at `path` (default `cache_path()`); a corrupt file warns and counts as empty."""
+    path = path or cache_path()
+    if path not in _disk:
+        _disk[path] = {}
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            choices = data["choices"]
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in choices.items()):
+                raise ValueError("choices must map strings to strings")
+            _disk[path] = choices
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            warnings.warn(f"ignoring the attention choice cache {path}: {env.first_line(e)}", stacklevel=2)
+    return _disk[path]
+
+
+def save_choice(key: str, backend: str, path: str | None = None) -> None:
+    """Add one choice to the file, atomically (written beside it, then renamed over it)."""
+    path = path or cache_path()
+    choices = {**load_choices(path), key: backend}
+    _disk[path] = choices
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".attention_choices.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": 1, "choices": choices}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def clear_memory() -> None:
+    """Forget this process's choices and the files read (tests; or after installing a backend)."""
+    _memory.clear()
+    _disk.clear()
+    timings.clear()
+
+
+def candidates(s: Spec, exact_only: bool = True) -> list[str]:
+    """Backends that can serve `s` by the table, in the device's preference order (then the others)."""
+    order = PREFERENCE.get(s.device_type, ())
+    names = [*order, *(b for b in BACKENDS if b not in order)]
+    return [b for b in names if (BACKENDS[b].exact or not exact_only) and not serve_reason(b, *s)]
+
+
+def _cached(s: Spec, key: str) -> str | None:
+    for found in (_memory.get(key), load_choices().get(key)):
+        if found in BACKENDS and not serve_reason(found, *s):
+            return found
+    return None
+
+
+def _runs(backend: str, call: Callable[[str], object]) -> bool:
+    try:
+        call(backend)
+    except Exception as e:  # SDPA's "No available kernel", a third-party kernel's refusal: cannot serve
+        log.info("attention backend %s refused: %s", backend, env.first_line(e))
+        return False
+    return True
+
+
+def _timed(names: list[str], call: Callable[[str], object], device) -> dict[str, float]:
+    """Median ms of each backend that runs; the ones that refuse are left out."""
+    from fullgraph.bench.timing import measure
+
+    runs = [n for n in names if _runs(n, call)]
+    return {n: measure(lambda n=n: call(n), device=device, warmup=3, reps=10).median_ms for n in runs}
+
+
+def choose_eager(s: Spec, call: Callable[[str], object], device) -> str:
+    """The auto choice for `s`, resolving it now if needed: `call(backend)` runs the real inputs."""
+    key = cache_key(s)
+    found = _cached(s, key)
+    if found is not None:
+        return found
+    names = candidates(s)
+    if s.device_type == "cuda" and len(names) > 1:
+        timings[key] = times = _timed(names, call, device)
+        choice = min(times, key=times.__getitem__)
+        log.info("attention auto %s: %s from %s (median ms)", key, choice, times)
+        save_choice(key, choice)
+    else:  # untimed: the first in preference order that does not refuse (math always runs)
+        choice = next((n for n in names[:-1] if _runs(n, call)), names[-1])
+    _memory[key] = choice
+    return choice
+
+
+@torch.compiler.assume_constant_result
+def choose_compiled(*spec) -> str:
+    """The auto choice while torch.compile traces: the cached one, else the preference order (never timed)."""
+    s = Spec(*spec)
+    key = cache_key(s)
+    found = _cached(s, key)
+    if found is None:
+        found = candidates(s)[0]
+        if s.device_type == "cuda":
+            log.info("attention auto: %s not timed in eager yet; compiled with %s by preference order", key, found)
+    return found

@@ -1,0 +1,169 @@
+import math
+
+import pytest
+import torch
+
+from fullgraph.errors import UsageError
+from fullgraph.kernels.flash_attention import flash_attention_fwd  # importing registers the op
+from tests.kernels.reference import rel_err
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Looser than the elementwise kernels' bounds: p is rounded to the input dtype before the p·v dot, and
+# fp32 dots use input_precision="ieee" so no TF32 rounding enters on the GPU.
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+
+
+def attention_ref(q, k, v, causal, scale):
+    """softmax(q kᵀ · scale [+ causal mask]) v in float64, kv heads repeated for grouped-query attention."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def skip_bf16_on_cpu(device, dtype):
+    if device == "cpu" and dtype == torch.bfloat16:
+        # the interpreter keeps bf16 as uint16 bit patterns and tl.dot multiplies those (triton-lang/triton#11584)
+        pytest.skip("tl.dot on bfloat16 is wrong under TRITON_INTERPRET; bf16 is tested on the GPU")
+
+
+def qkv(device, dtype, b=1, hq=2, hkv=2, nq=77, nk=77, d=64):
+    def draw(h, n):
+        return torch.randn(b, h, n, d, device=device, dtype=dtype) * 1.5 + 0.2
+
+    return draw(hq, nq), draw(hkv, nk), draw(hkv, nk)
+
+
+def check(q, k, v, causal, scale=None):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = flash_attention_fwd(q, k, v, causal, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape and out.is_contiguous()
+    err = rel_err(out, attention_ref(q, k, v, causal, scale))
+    assert err < TOL[q.dtype], f"relative error {err:.3e} over {TOL[q.dtype]:.1e} for {q.dtype}"
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("seq", [1, 77, 197, 1000])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_float64(triton_device, dtype, seq, head_dim, causal):
+    skip_bf16_on_cpu(triton_device, dtype)
+    if seq == 1000 and triton_device == "cpu":
+        pytest.skip("1000 tokens take ~13 s a case in the interpreter (minutes for the set); run on the GPU")
+    check(*qkv(triton_device, dtype, nq=seq, nk=seq, d=head_dim), causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fewer_queries_than_keys(triton_device, dtype):
+    skip_bf16_on_cpu(triton_device, dtype)
+    check(*qkv(triton_device, dtype, nq=77, nk=130, d=80), causal=False)
+    check(*qkv(triton_device, dtype, nq=130, nk=45, d=64), causal=False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hkv", [2, 1])
+def test_grouped_query_heads(triton_device, hkv, causal):
+    q, k, v = qkv(triton_device, torch.float16, b=2, hq=4, hkv=hkv, nq=45, nk=45)
+    out = check(q, k, v, causal)
+    if hkv == 2:
+        # query head 1 reads kv head 0 and head 2 reads kv head 1: a kernel mapping h to h % Hkv would fail here
+        assert rel_err(out[:, 1], attention_ref(q[:, 1:2], k[:, :1], v[:, :1], causal, 1 / 8)[:, 0]) < 2e-3
+
+
+def test_strided_inputs(triton_device):
+    b, n, h, d = 2, 45, 2, 64
+    # [B, N, H, D] views as [B, H, N, D]: used in place with their own strides
+    q, k, v = (torch.randn(b, n, h, d, device=triton_device, dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    assert not q.is_contiguous()
+    check(q, k, v, causal=True)
+    # a channel stride of 2 cannot be used in place: copied first
+    q2 = torch.randn(b, h, n, 2 * d, device=triton_device, dtype=torch.float16)[..., ::2]
+    assert q2.stride(-1) == 2
+    check(q2, k, v, causal=False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_logits_grow_along_the_keys(triton_device, dtype, causal):
+    skip_bf16_on_cpu(triton_device, dtype)
+    q, k, v = qkv(triton_device, dtype, nq=130, nk=130)
+    # logits in the hundreds, larger for later keys: the running max rises block after block, so every
+    # block must rescale l and the accumulator (exp of unrescaled logits would also overflow fp32)
+    growth = torch.linspace(1, 3, k.shape[2], device=triton_device)[:, None]
+    q, k = (q.float() * 8).to(dtype), (k.float() * 8 * growth).to(dtype)
+    check(q, k, v, causal)
+
+
+def test_every_element_written(triton_device, monkeypatch):
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    # tail query rows (77 is no multiple of the blocks) and padded channels (80 -> 128): a missed row or
+    # column stays NaN; a store past D would clobber the next row and fail the comparison
+    out = check(*qkv(triton_device, torch.float32, b=2, nq=77, nk=77, d=80), causal=True)
+    assert torch.isfinite(out).all()
+
+
+def test_no_keys_gives_zeros(triton_device):
+    q, k, v = qkv(triton_device, torch.float32, nq=5, nk=0)
+    out = flash_attention_fwd(q, k, v, False, 0.125)
+    assert torch.equal(out, attention_ref(q, k, v, False, 0.125).float())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck(triton_device, causal):
+    q, k, v = qkv(triton_device, torch.float16, hq=4, hkv=2, nq=33, nk=33)
+    torch.library.opcheck(torch.ops.fullgraph.flash_attention.default, (q, k, v, causal, 0.125))
+
+
+def _bad_inputs(device):
+    q, k, v = qkv(device, torch.float16, hq=4, hkv=2, nq=8, nk=8)
+    q3, k3, v3 = qkv(device, torch.float16, hq=3, hkv=2, nq=8, nk=8)
+    _, k9, v9 = qkv(device, torch.float16, hq=4, hkv=2, nq=8, nk=9)
+    wide = qkv(device, torch.float16, nq=8, nk=8, d=264)
+    return {
+        "mixed dtypes": ((q, k.float(), v, False), "dtype"),
+        "unsupported dtype": ((q.double(), k.double(), v.double(), False), "dtype"),
+        "heads not a multiple": ((q3, k3, v3, False), "heads"),
+        "k/v shapes differ": ((q, k, v9, False), "k and v"),
+        "causal with Nq != Nk": ((q, k9, v9, True), "causal"),
+        "head dim over 256": ((*wide, False), "head dim"),
+        "not 4-D": ((q[0], k[0], v[0], False), "q must be"),
+        "k batch differs": ((q, k[:1].expand(2, -1, -1, -1), v[:1].expand(2, -1, -1, -1), False), "batch"),
+        "k head dim differs": ((q, k[..., :32], v[..., :32], False), "head dim"),
+        "batch x heads over the grid": (
+            (*qkv(device, torch.float16, b=65536, hq=1, hkv=1, nq=1, nk=1, d=16), False),
+            "grid",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "mixed dtypes",
+        "unsupported dtype",
+        "heads not a multiple",
+        "k/v shapes differ",
+        "causal with Nq != Nk",
+        "head dim over 256",
+        "not 4-D",
+        "k batch differs",
+        "k head dim differs",
+        "batch x heads over the grid",
+    ],
+)
+def test_bad_inputs_raise(triton_device, case):
+    args, words = _bad_inputs(triton_device)[case]
+    with pytest.raises(UsageError, match=words) as info:
+        flash_attention_fwd(*args, 0.125)
+    assert isinstance(info.value, ValueError)

@@ -1,0 +1,151 @@
+"""The backend ops (opcheck), the capability table, and "auto": never unservable, runtime refusals, the cache."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from fullgraph import env
+from fullgraph.bench.timing import measure
+from fullgraph.ops import attention_backends as ab
+from fullgraph.ops import counters
+from fullgraph.ops.attention import attention, attention_choice
+from tests.skips import requires_cuda
+
+DEVICE = "cuda" if env.has_cuda() else "cpu"
+SDPA = ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices(tmp_path, monkeypatch):
+    monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))
+    ab.clear_memory()
+    yield
+    ab.clear_memory()
+
+
+def qkv(n=16, d=64, hq=4, hkv=2, dtype=None, device=DEVICE):
+    dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+    return torch.randn(2, hq, n, d, device=device, dtype=dtype), *(
+        torch.randn(2, hkv, n, d, device=device, dtype=dtype) for _ in range(2)
+    )
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("backend", SDPA)
+def test_opcheck(backend, grad):
+    q, k, v = qkv(n=9)
+    mask = torch.rand(2, 1, 9, 9, device=DEVICE) < 0.8
+    mask[..., 0] = True
+    mask = mask if not ab.serve_reason(backend, *ab.spec_of(q, k, mask, False)) else None  # with one if it can
+    why = ab.serve_reason(backend, *ab.spec_of(q, k, mask, False))
+    if why:
+        pytest.skip(f"{backend}: {why}")
+    args = (q.requires_grad_(grad), k.requires_grad_(grad), v.requires_grad_(grad), mask, False, 0.125)
+    torch.library.opcheck(ab.OPS[backend], args)
+
+
+def test_fake_strides_match_the_real_output():
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv(n=11))
+    real = ab.OPS["sdpa-math"](q, k, v, None, False, 0.125)
+    assert real.stride() == ab._fake(q, k, v, None, False, 0.125).stride()
+
+
+def test_table_refuses_what_it_should():
+    q, k, _ = qkv(n=8, d=64, device="cpu")
+    s = ab.spec_of(q, k, None, False)
+    assert ab.serve_reason("sdpa-math", *s) == ""
+    assert "float32" in ab.serve_reason("sdpa-flash", *s._replace(device_type="cuda"))
+    assert "D <= 128" in ab.serve_reason("sdpa-cudnn", *s._replace(device_type="cuda", dtype="bfloat16", d=192))
+    assert "divisible by 8" in ab.serve_reason("sdpa-flash", *s._replace(d=60))
+    assert "attn_mask" in ab.serve_reason("sdpa-flash", *s._replace(device_type="cuda", dtype="float16", mask="bool"))
+    assert "same length" in ab.serve_reason("triton", *s._replace(causal=True, square=False))
+
+
+def test_auto_never_picks_a_backend_that_cannot_serve(monkeypatch, triton_device):
+    monkeypatch.setitem(ab.PREFERENCE, triton_device, ("triton", "sdpa-math"))
+    q, k, v = qkv(n=8, device=triton_device)
+    assert attention_choice(q, k, v) == "triton"  # preferred and able
+    ab.clear_memory()
+    float_mask = torch.randn(8, 8, device=triton_device)
+    assert attention_choice(q, k, v, attn_mask=float_mask) == "sdpa-math"
+    assert "triton" not in ab.candidates(ab.spec_of(q, k, float_mask, False))
+
+
+def test_a_runtime_refusal_counts_as_cannot_serve():
+    q, k, _ = qkv(device="cpu")
+    s = ab.spec_of(q, k, None, False)
+
+    def call(backend):
+        if backend == "sdpa-flash":
+            raise RuntimeError("No available kernel. Aborting execution.")
+
+    assert ab.choose_eager(s, call, "cpu") == "sdpa-math"
+
+
+def test_timing_picks_the_fastest_that_runs():
+    delays = {"a": 0.004, "b": 0.001, "c": 0.0}
+
+    def call(name):
+        if name == "c":
+            raise RuntimeError("No available kernel")
+        time.sleep(delays[name])
+
+    times = ab._timed(["a", "b", "c"], call, "cpu")
+    assert set(times) == {"a", "b"} and times["b"] < times["a"]
+
+
+def test_cpu_choice_is_the_preference_order():
+    assert attention_choice(*qkv(device="cpu")) == "sdpa-flash"
+    assert attention_choice(*qkv(device="cpu", d=60)) == "sdpa-math"  # flash's table wants D % 8 == 0
+
+
+def test_disk_cache_round_trips(tmp_path):
+    q, k, v = qkv(device="cpu")
+    key = ab.cache_key(ab.spec_of(q, k, None, False))
+    ab.save_choice(key, "sdpa-math")
+    assert json.loads((tmp_path / "attention_choices.json").read_text())["choices"] == {key: "sdpa-math"}
+    ab.clear_memory()
+    assert ab.load_choices() == {key: "sdpa-math"}
+    assert attention_choice(q, k, v) == "sdpa-math"  # read from disk: the preference order says sdpa-flash
+    assert not list(tmp_path.glob(".attention_choices.*"))  # no temporary file left behind
+
+
+def test_a_cached_choice_that_cannot_serve_is_ignored():
+    q, k, v = qkv(device="cpu")
+    ab.save_choice(ab.cache_key(ab.spec_of(q, k, None, False)), "sdpa-cudnn")
+    ab.clear_memory()
+    assert attention_choice(q, k, v) == "sdpa-flash"
+
+
+def test_corrupt_cache_is_ignored_with_a_warning(tmp_path):
+    (tmp_path / "attention_choices.json").write_text("{not json")
+    q, k, v = qkv(device="cpu")
+    with pytest.warns(UserWarning, match="ignoring the attention choice cache"):
+        assert attention_choice(q, k, v) == "sdpa-flash"
+    ab.save_choice("some|key", "sdpa-math")  # replaces the corrupt file
+    assert json.loads((tmp_path / "attention_choices.json").read_text())["choices"] == {"some|key": "sdpa-math"}
+
+
+def test_compiled_auto_uses_the_eager_choice():
+    q, k, v = qkv(device="cpu")
+    ab.save_choice(ab.cache_key(ab.spec_of(q, k, None, False)), "sdpa-math")
+    ab.clear_memory()
+    before = counters[("attention", "compiled", "sdpa-math")]
+    torch._dynamo.reset()
+    out = torch.compile(lambda q, k, v: attention(q, k, v), fullgraph=True)(q, k, v)
+    assert counters[("attention", "compiled", "sdpa-math")] == before + 1
+    assert torch.allclose(out, attention(q, k, v, backend="sdpa-math"), atol=1e-6)
+
+
+@requires_cuda
+def test_auto_on_a_dit_shape_is_within_3_percent_of_the_fastest():
+    q, k, v = (torch.randn(1, 24, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    choice = attention_choice(q, k, v)
+    timed = ab.timings[ab.cache_key(ab.spec_of(q, k, None, False))]
+    assert choice in timed and len(timed) > 1, timed
+    fresh = {
+        b: measure(lambda b=b: attention(q, k, v, backend=b), device="cuda", warmup=5, reps=50).median_ms for b in timed
+    }
+    assert fresh[choice] <= 1.03 * min(fresh.values()), fresh
