@@ -44,13 +44,15 @@ def test_env_json_parses_and_names_every_field():
     expected = {
         "fullgraph", "python", "platform", "torch", "torch_cuda", "triton", "cuda_available", "gpu",
         "gpu_capability", "gpu_count", "gpu_memory_gib", "driver", "triton_gpu", "triton_interpreter",
-        "triton_interpret", "inductor_cache_dir", "git_commit", "attention_device", "attention",
+        "triton_interpret", "inductor_cache_dir", "git_commit", "attention_device", "attention", "attention_dispatch",
     }  # fmt: skip
     assert set(d) == expected
     names = {p["name"] for p in d["attention"]}
     assert {"sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"} <= names
     assert any(p["ok"] for p in d["attention"] if p["name"] == "sdpa-math")
     assert d["triton_interpreter"]["ok"] == env.has_triton()
+    dispatch = d["attention_dispatch"]
+    assert dispatch["backends"]["sdpa-math"] == "installed" and dispatch["cache"].endswith("attention_choices.json")
 
 
 def test_env_text_lists_backends():
@@ -58,6 +60,7 @@ def test_env_text_lists_backends():
     assert r.returncode == 0, r.stderr
     assert "Attention backends" in r.stdout and "sdpa-math" in r.stdout
     assert "inductor cache" in r.stdout
+    assert "auto's cached choices" in r.stdout
 
 
 def test_env_without_triton_says_so(tmp_path):

@@ -45,12 +45,32 @@ def format_report(r) -> str:
     return "\n".join(lines)
 
 
+def attention_dispatch() -> dict:
+    """What `fullgraph.ops.attention(backend="auto")` can use here, and the choices it has cached."""
+    from fullgraph.ops.attention_backends import BACKENDS, availability, cache_path, load_choices
+
+    return {
+        "backends": {b: availability(b) or "installed" for b in BACKENDS},
+        "cache": cache_path(),
+        "cached_choices": load_choices(),
+    }
+
+
+def format_dispatch(d: dict) -> str:
+    lines = ["fullgraph.ops.attention backends (auto picks among those that can serve each call)"]
+    lines += [f"  {_mark(why == 'installed')} {name:<20} {why}" for name, why in d["backends"].items()]
+    lines.append(f"  auto's cached choices: {len(d['cached_choices'])} in {d['cache']}")
+    lines += [f"    {key} -> {choice}" for key, choice in sorted(d["cached_choices"].items())]
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     from fullgraph import env
 
     report = env.collect(probe=not args.no_probe)
+    dispatch = attention_dispatch()
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), "attention_dispatch": dispatch}, indent=2))
     else:
-        print(format_report(report))
+        print(format_report(report) + "\n\n" + format_dispatch(dispatch))
     return 0
