@@ -51,7 +51,8 @@ def run(args) -> int:
     from fullgraph.diagnose.demo import DEMO_INPUTS
     from fullgraph.diagnose.doctor import GPU_MODES, doctor
     from fullgraph.diagnose.summary import format_summary
-    from fullgraph.diagnose.target import first_line, load_target, parse_dtype
+    from fullgraph.diagnose.target import load_target, parse_dtype
+    from fullgraph.env import first_line
     from fullgraph.errors import FullgraphError, UsageError
 
     device = resolve_device(args.device)
@@ -71,7 +72,7 @@ def run(args) -> int:
         try:
             model(*inputs)
         except Exception as e:
-            raise FullgraphError(f"the model fails in eager mode: {type(e).__name__}: {first_line(e)}") from e
+            raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
     report = doctor(
         model, inputs, target=target, modes=args.mode or None, dtypes=dtypes, vary=vary, reps=args.reps, progress=say
     )

@@ -19,7 +19,7 @@ from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.checklist import build_checklist
 from fullgraph.diagnose.lint import lint_source
 from fullgraph.diagnose.report import ConfigResult, Recommendation, Report
-from fullgraph.diagnose.target import first_line, spec_of
+from fullgraph.diagnose.target import spec_of
 
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 # CUDA graphs need a GPU, and CPU max-autotune spends minutes benchmarking GEMM templates on two cores.
@@ -70,7 +70,7 @@ def _lint(model: torch.nn.Module):
         with open(path, encoding="utf-8") as f:
             return lint_source(f.read(), path), None
     except (OSError, TypeError) as e:
-        return [], f"lint: model source not readable ({first_line(e)})"
+        return [], f"lint: model source not readable ({env.first_line(e)})"
 
 
 def _run_config(model, inputs, ref, device, dtype, mode, reps, skips_out: list[str]) -> ConfigResult:
@@ -87,7 +87,7 @@ def _run_config(model, inputs, ref, device, dtype, mode, reps, skips_out: list[s
             err = _rel_err(fn(*x), ref)
         skips_out.extend(f"{name}: {s}" for s in skips)
     except Exception as e:  # a mode that fails to compile or run is a result, not a crash of the doctor
-        return ConfigResult(name, mode, _short(dtype), tolerance=tol, error=f"{type(e).__name__}: {first_line(e)}")
+        return ConfigResult(name, mode, _short(dtype), tolerance=tol, error=env.first_line(e, 300))
     return ConfigResult(
         name, mode, _short(dtype), t.median_ms, t.p20_ms, t.p80_ms,
         compile_s=None if mode == "eager" else compile_s,

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from fullgraph._files import write_atomic
+
 SCHEMA_VERSION = 1
 
 
@@ -141,12 +143,3 @@ class Report:
         from fullgraph.diagnose.html import render_html
 
         write_atomic(path, render_html(self))
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write all of `text` or nothing: a report is never left half-written."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)

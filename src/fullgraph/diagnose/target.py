@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fullgraph.env import first_line
 from fullgraph.errors import FullgraphError, UsageError
 
 DTYPES = {
@@ -79,16 +80,11 @@ def _import_callable(target: str):
     except FullgraphError:
         raise
     except Exception as e:  # the user's module raised while importing: say so in one line
-        raise FullgraphError(f"TARGET {where!r} does not import: {type(e).__name__}: {first_line(e)}") from e
+        raise FullgraphError(f"TARGET {where!r} does not import: {first_line(e, 300)}") from e
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise FullgraphError(f"TARGET {target!r}: {where} has no callable named {name!r}")
     return fn
-
-
-def first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0][:300] if lines else ""
 
 
 def load_target(
@@ -99,8 +95,7 @@ def load_target(
     try:
         built = fn()
     except Exception as e:
-        why = f"{type(e).__name__}: {first_line(e)}"
-        raise FullgraphError(f"TARGET {target!r} raised while building the model: {why}") from e
+        raise FullgraphError(f"TARGET {target!r} raised while building the model: {first_line(e, 300)}") from e
     model, inputs = built if isinstance(built, tuple) and len(built) == 2 else (built, None)
     if not isinstance(model, nn.Module):
         raise FullgraphError(

@@ -16,7 +16,7 @@ from torch import nn
 from fullgraph.errors import UsageError
 from fullgraph.ops import attention_backends as _backends
 from fullgraph.ops.attention_backends import BACKENDS, run_backend, serve_reason, spec_of
-from fullgraph.ops.custom_op import _count_trace
+from fullgraph.ops.custom_op import count_trace
 from fullgraph.ops.norms import RMSNorm
 from fullgraph.ops.policies import counters
 from fullgraph.ops.rope import RotaryEmbedding, check_layout
@@ -113,7 +113,7 @@ def _resolve(q, k, v, attn_mask, causal: bool, scale: float, backend: str) -> st
         if why:
             raise UsageError(f"backend {backend!r} cannot serve these inputs: {why}; or use backend='auto'")
     if compiling:
-        _count_trace("attention", backend)
+        count_trace("attention", backend)
     else:
         counters[("attention", "eager", backend)] += 1
     return backend

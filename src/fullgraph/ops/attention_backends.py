@@ -20,7 +20,6 @@ import importlib.util
 import json
 import logging
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from fullgraph import env
+from fullgraph._files import write_atomic
 from fullgraph.ops._autograd import backward_from_native
 
 log = logging.getLogger(__name__)
@@ -295,15 +295,7 @@ def save_choice(key: str, backend: str, path: str | None = None) -> None:
     path = path or cache_path()
     choices = {**load_choices(path), key: backend}
     _disk[path] = choices
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".attention_choices.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": 1, "choices": choices}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps({"version": 1, "choices": choices}, indent=1, sort_keys=True))
 
 
 def clear_memory() -> None:

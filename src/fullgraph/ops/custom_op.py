@@ -50,7 +50,7 @@ def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: 
     """`choose` for one call, counted in `policy.counters`; eager choices are cached per device in `cache`."""
     if torch.compiler.is_compiling():
         impl = choose(op, instance_policy, device, True)
-        _count_trace(op, impl)
+        count_trace(op, impl)
         return impl
     if cache is None:
         impl = choose(op, instance_policy, device, False)
@@ -64,7 +64,7 @@ def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: 
 
 
 @torch.compiler.assume_constant_result
-def _count_trace(op: str, impl: str) -> bool:
+def count_trace(op: str, impl: str) -> bool:
     # Runs once per trace, outside the graph: counting compiled *calls* would make the compiled code read the
     # counter, guard on its value and recompile on every call.
     counters[(op, "compiled", impl)] += 1
