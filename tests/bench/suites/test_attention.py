@@ -17,16 +17,10 @@ def test_suite_times_every_serving_backend_and_auto(triton_device, tmp_path, cap
     assert len(points) == 4  # two families x causal or not
     assert all((p, "sdpa-math") in timed and (p, "triton") in timed for p in points)
     errors = [r.value for r in rows if r.metric == "rel_err"]
-    assert errors and all(e < suite.TOLERANCE[suite_dtype(dtype)] for e in errors)
+    assert errors and all(e < suite.TOLERANCE[suite.DTYPES[dtype]] for e in errors)
     ratios = [r.value for r in rows if r.metric == "auto_over_best"]
     assert len(ratios) == 4 and all(r >= 1.0 for r in ratios)  # auto's time over the fastest it was timed against
     assert "auto ->" in capsys.readouterr().out
-
-
-def suite_dtype(name):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 @pytest.mark.parametrize("spec", ["a,b", "0", ","])

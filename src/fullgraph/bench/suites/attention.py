@@ -14,6 +14,7 @@ import torch
 from fullgraph.bench.ceilings import measure_ceilings
 from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.roofline import attention_flops, pct_of, tflops
+from fullgraph.bench.suites import DTYPES
 from fullgraph.bench.table import format_table
 from fullgraph.bench.timing import measure, resolve_device
 from fullgraph.errors import UsageError
@@ -51,7 +52,7 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def run(args) -> tuple[list[Result], str]:
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dtype = DTYPES[args.dtype]
     gemm = measure_ceilings(device, copy_bytes=64 << 20, reps=args.reps).gemm_tflops if gpu else None
     rows: list[Result] = []
     table = []

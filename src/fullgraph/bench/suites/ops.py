@@ -20,6 +20,7 @@ from fullgraph import ops
 from fullgraph.bench.ceilings import time_copy
 from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.roofline import pct_of, tbps, tensor_bytes
+from fullgraph.bench.suites import DTYPES
 from fullgraph.bench.table import format_table
 from fullgraph.bench.timing import measure, resolve_device
 from fullgraph.errors import UsageError
@@ -150,9 +151,6 @@ def variants(case: OpCase) -> dict[str, Callable]:
     out["compiled native"] = _under(op, "native", torch.compile(case.call, fullgraph=True, dynamic=False))
     out["kernel"] = _under(op, "kernel", case.call)
     return out
-
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def parse_shapes(spec: str) -> tuple[tuple[int, int], ...]:
