@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
-# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops doctor overhead tune (default: env tests ceilings ops)
+# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor overhead tune (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,9 @@ for step in $steps; do
       ;;
     ops)
       $py -m fullgraph bench ops --reps 30 --csv "$OUT/ops_h200.csv" --markdown "$OUT/ops_h200.md" ${OPS:+--ops $OPS}
+      ;;
+    attention)
+      $py -m fullgraph bench attention --reps 30 --csv "$OUT/attention_h200.csv" | tee "$OUT/attention_h200.txt"
       ;;
     doctor)
       $py -m fullgraph doctor benchmarks/targets/vit.py:vit_b16 --input 1x3x224x224:fp32 ${DOCTOR_ARGS:-} \
