@@ -26,12 +26,16 @@ __all__ = ["BACKENDS", "Attention", "attention", "attention_choice"]
 _SHAPES = {"bnsd": "[B, H, N, D]", "bsnd": "[B, N, H, D]"}
 
 
+def _check_backend(backend: str) -> None:
+    if backend != "auto" and backend not in BACKENDS:
+        raise UsageError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
 def _to_bnsd(q, k, v, layout: str, backend: str):
     """q, k, v as [B, H, N, D] views (no copy: every backend takes strided inputs), after the checks that
     need no shapes."""
     seq_dim = check_layout(layout)
-    if backend != "auto" and backend not in BACKENDS:
-        raise UsageError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}, got {backend!r}")
+    _check_backend(backend)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = f"{t.dim()}-D" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -97,6 +101,15 @@ def _prepare(q, k, v, attn_mask, causal: bool):
     return q, k, v, attn_mask, False
 
 
+def _inputs(q, k, v, layout: str, causal: bool, scale, attn_mask, backend: str):
+    """Checked [B, H, N, D] inputs ready for a backend: (q, k, v, attn_mask, causal, scale)."""
+    qb, kb, vb = _to_bnsd(q, k, v, layout, backend)
+    _check(qb, kb, vb, attn_mask)
+    qb, kb, vb, attn_mask, causal = _prepare(qb, kb, vb, attn_mask, bool(causal))
+    scale = 1.0 / math.sqrt(qb.shape[-1]) if scale is None else float(scale)
+    return qb, kb, vb, attn_mask, causal, scale
+
+
 def _resolve(q, k, v, attn_mask, causal: bool, scale: float, backend: str) -> str:
     """The backend that runs this call, counted in `counters[("attention", "eager"|"compiled", backend)]`."""
     spec = spec_of(q, k, attn_mask, causal)
@@ -125,10 +138,7 @@ def attention(q, k, v, *, layout="bnsd", causal=False, scale=None, attn_mask=Non
     attn_mask: boolean (True = attend) or additive float, broadcastable to [B, Hq, Nq, Nk]. Returns q's
     shape in the input layout. An explicit `backend` that cannot serve the inputs raises `UsageError`.
     """
-    qb, kb, vb = _to_bnsd(q, k, v, layout, backend)
-    _check(qb, kb, vb, attn_mask)
-    qb, kb, vb, attn_mask, causal = _prepare(qb, kb, vb, attn_mask, bool(causal))
-    scale = 1.0 / math.sqrt(qb.shape[-1]) if scale is None else float(scale)
+    qb, kb, vb, attn_mask, causal, scale = _inputs(q, k, v, layout, causal, scale, attn_mask, backend)
     name = _resolve(qb, kb, vb, attn_mask, causal, scale, backend)
     try:
         out = run_backend(name, qb, kb, vb, attn_mask, causal, scale)  # [B, Hq, Nq, D]
@@ -141,10 +151,7 @@ def attention(q, k, v, *, layout="bnsd", causal=False, scale=None, attn_mask=Non
 
 def attention_choice(q, k, v, *, layout="bnsd", causal=False, attn_mask=None) -> str:
     """The backend `attention(..., backend="auto")` would run for these inputs (resolving it now if needed)."""
-    qb, kb, vb = _to_bnsd(q, k, v, layout, "auto")
-    _check(qb, kb, vb, attn_mask)
-    qb, kb, vb, attn_mask, causal = _prepare(qb, kb, vb, attn_mask, bool(causal))
-    scale = 1.0 / math.sqrt(qb.shape[-1])
+    qb, kb, vb, attn_mask, causal, scale = _inputs(q, k, v, layout, causal, None, attn_mask, "auto")
     spec = spec_of(qb, kb, attn_mask, causal)
     call = lambda b: run_backend(b, qb, kb, vb, attn_mask, causal, scale)  # noqa: E731
     return _backends.choose_eager(spec, call, qb.device)
@@ -174,8 +181,7 @@ class Attention(nn.Module):
             raise UsageError(f"dim ({dim}) must be a positive multiple of heads ({heads})")
         if kv_heads <= 0 or heads % kv_heads:
             raise UsageError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-        if backend != "auto" and backend not in BACKENDS:
-            raise UsageError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}, got {backend!r}")
+        _check_backend(backend)
         if rope is not None and rope.layout != "bsnd":
             raise UsageError(f"rope must be built with layout='bsnd' (q and k are [B, N, H, D]), got {rope.layout!r}")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads

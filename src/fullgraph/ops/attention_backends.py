@@ -15,6 +15,7 @@ eager has timed the shape, it takes the first servable backend of a fixed prefer
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -78,7 +79,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "cuda": ("sdpa-cudnn", "sdpa-flash", "flash_attn_3", "flash_attn", "triton", "sdpa-efficient", "sdpa-math"),
     "cpu": ("sdpa-flash", "sdpa-math"),
 }
-_MODULES = {"flash_attn": "flash_attn", "flash_attn_3": "flash_attn_interface", "sageattention": "sageattention"}
+_MODULES = dict(env.EXTERNAL_ATTENTION)  # backend -> the module it imports, as `fullgraph env` probes them
 _TRITON_MODULE = "fullgraph.kernels.flash_attention"
 
 
@@ -264,9 +265,14 @@ def _bucket(n: int) -> int:
     return -1 if n < 0 else 1 << max(n - 1, 0).bit_length()  # next power of two
 
 
+@functools.cache
+def _gpu_name(index: int | None) -> str:
+    return torch.cuda.get_device_name(index)
+
+
 def cache_key(s: Spec) -> str:
     """GPU (or "cpu"), torch, dtype, Hq, Hkv, D, Nq and Nk buckets, causal, has_mask."""
-    where = torch.cuda.get_device_name(s.device_index) if s.device_type == "cuda" else s.device_type
+    where = _gpu_name(s.device_index) if s.device_type == "cuda" else s.device_type
     parts = (where, torch.__version__, s.dtype, s.hq, s.hkv, s.d, _bucket(s.nq), _bucket(s.nk), s.causal)
     return "|".join(map(str, (*parts, s.mask != "none")))
 

@@ -52,12 +52,6 @@ def _rms_ref(x, w, r=None):
     return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
 
 
-def _rope_tables(n, d, device):
-    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
-    ang = torch.arange(n, dtype=torch.float64, device=device)[:, None] * inv
-    return ang.cos().float(), ang.sin().float()
-
-
 def _rope_ref(x, cos, sin, interleaved=False):  # [B, N, H, D], every channel rotated
     x = x.double()
     c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
@@ -71,7 +65,7 @@ def _rope_ref(x, cos, sin, interleaved=False):  # [B, N, H, D], every channel ro
 def _rope_inputs(rows, cols, dtype, device):
     d = min(cols, 128)
     x = torch.randn(1, rows, cols // d, d, device=device, dtype=dtype)  # [B, N, H, D]
-    return (x, *_rope_tables(rows, d, device))
+    return (x, *(t.clone() for t in ops.rope_tables(rows, d, device=device)))  # own copies: rotated past L2
 
 
 def _rows(rows, cols, dtype, device, n):
