@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
-# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor overhead tune (default: env tests ceilings ops)
+# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor overhead tune tune-attention grad-mode (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,12 @@ for step in $steps; do
       ;;
     tune)
       $py benchmarks/tune_rows.py 2>&1 | tee "$OUT/tune_rows.csv" | grep '^#'
+      ;;
+    tune-attention)
+      $py benchmarks/tune_attention.py 2>&1 | tee "$OUT/tune_attention.csv" | grep '^#'
+      ;;
+    grad-mode)
+      $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+import fullgraph.kernels.flash_attention as fa
 from fullgraph.errors import UsageError
 from fullgraph.kernels.flash_attention import flash_attention_fwd  # importing registers the op
 from tests.kernels.reference import rel_err
@@ -56,6 +57,21 @@ def test_matches_float64(triton_device, dtype, seq, head_dim, causal):
     if seq == 1000 and triton_device == "cpu":
         pytest.skip("1000 tokens take ~13 s a case in the interpreter (minutes for the set); run on the GPU")
     check(*qkv(triton_device, dtype, nq=seq, nk=seq, d=head_dim), causal)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("tma", [False, True])
+def test_every_kernel_variant(triton_device, monkeypatch, tma, pipeline):
+    """Tensor-descriptor loads and the pipelined q·kᵀ are launch options: each must give the same numbers
+    (TMA needs a Hopper GPU; elsewhere, and for unaligned strides, the launcher uses pointer loads)."""
+    small = triton_device == "cpu"
+    monkeypatch.setattr(
+        fa, "override", fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma, pipeline)
+    )
+    dtype = torch.float16
+    for nq, nk, d, causal, hkv in [(77, 77, 80, True, 1), (45, 130, 64, False, 2), (200, 200, 64, True, 2)]:
+        check(*qkv(triton_device, dtype, b=2, hq=2, hkv=hkv, nq=nq, nk=nk, d=d), causal)
+    check(*qkv(triton_device, dtype, nq=70, nk=70), causal=False, scale=-0.1)  # the max becomes a min
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

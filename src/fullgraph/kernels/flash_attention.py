@@ -18,6 +18,7 @@ sharing a kv head, and query blocks of one head, mostly hit L2 for it).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -33,83 +34,71 @@ _LOG2E = 1.44269504
 
 @functools.cache
 def _flash_attention_fwd_kernel():
-    triton, tl = require_triton()
+    require_triton()
+    from fullgraph.kernels._flash_attention_jit import flash_attention_fwd_kernel
 
-    @triton.jit
-    def kernel(
-        Q, K, V, Out,
-        stride_qb, stride_qh, stride_qn, stride_qd,
-        stride_kb, stride_kh, stride_kn, stride_kd,
-        stride_vb, stride_vh, stride_vn, stride_vd,
-        stride_ob, stride_oh, stride_on, stride_od,
-        n_heads, group, n_q, n_kv, qk_scale,
-        CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ):  # fmt: skip
-        start_m = tl.program_id(0) * BLOCK_M
-        bh = tl.program_id(1)
-        b = (bh // n_heads).to(tl.int64)
-        h = (bh % n_heads).to(tl.int64)
-        kv_h = h // group
-
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < HEAD_DIM  # all true unless D was padded up to a power of two (D = 80 -> 128)
-        m_ok = offs_m < n_q
-
-        q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-        q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-        # k is loaded transposed ([D, BLOCK_N]) so q @ kT is a plain dot
-        kt_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        v_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-        # causal: key blocks wholly past this query block's last row contribute nothing, so stop before them
-        hi = tl.minimum(start_m + BLOCK_M, n_kv) if CAUSAL else n_kv
-        for start_n in range(0, hi, BLOCK_N):
-            n_ok = start_n + offs_n < n_kv
-            kt = tl.load(kt_ptrs + start_n * stride_kn, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
-            s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-            # padded keys (and, on the diagonal, future keys) must be -inf before the max, not after
-            keep = n_ok[None, :]
-            if CAUSAL:
-                keep = keep & (offs_m[:, None] >= start_n + offs_n[None, :])
-            s = tl.where(keep, s, float("-inf"))
-            # every row has a finite m after the first key block (key 0 is always kept), so a row whose keys
-            # are all masked in a later block gets p = 0 rather than exp2(-inf - -inf) = NaN
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptrs + start_n * stride_vn, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
-
-        out = acc / l_i[:, None]
-        o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
-
-    return kernel
+    return flash_attention_fwd_kernel
 
 
-def _config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Chosen for Hopper from the usual FlashAttention-2 Triton
-    settings, not tuned here; under the interpreter, small blocks keep the CPU tests fast."""
+class Config(NamedTuple):
+    """One launch configuration. `tma`: load q/k/v and store out through tensor descriptors (Hopper's TMA unit;
+    used only when every base and row stride is 16-byte aligned). `pipeline`: issue the next key block's
+    q·kᵀ before this block's softmax."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: bool = False
+    pipeline: bool = False
+
+
+# Set by benchmarks/tune_attention.py to time a candidate; None uses `config`.
+override: Config | None = None
+
+
+def config(head_dim: int, dtype: torch.dtype) -> Config:
+    """The launch configuration for a head dim and dtype (BLOCK_M is a multiple of BLOCK_N: see the kernel)."""
+    if override is not None:
+        return override
     if env.triton_interpret():
         # BLOCK_M = 2 · BLOCK_N as on the GPU, so the causal diagonal spans two key blocks in tests too
-        return 32, 16, 4, 1
+        return Config(32, 16, 4, 1)
     if dtype == torch.float32:
         # 4-byte tiles and IEEE (non-tensor-core) dots: smaller tiles to fit shared memory and registers
-        return 64, 32, 4, 2
+        return Config(64, 32, 4, 2)
     if head_dim <= 64:
-        return 128, 64, 4, 3
+        return Config(128, 64, 4, 3)
     if head_dim <= 128:
-        return 128, 64, 8, 3
-    return 64, 32, 8, 2
+        return Config(128, 64, 8, 3)
+    return Config(64, 32, 8, 2)
+
+
+def _tma_fits(*tensors: torch.Tensor) -> bool:
+    """Whether tensor descriptors can address these [B, H, N, D] tensors: every (batch, head) base address and
+    row stride 16-byte aligned, unit channel stride, on a GPU with a TMA unit (or under the interpreter)."""
+    device = tensors[0].device
+    if not env.triton_interpret() and (device.type != "cuda" or (env.cuda_capability(device) or (0, 0)) < (9, 0)):
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if _address(t) % 16 or t.stride(-1) != 1 or any(s * size % 16 for s in t.stride()[:3]):
+            return False
+    return True
+
+
+def _address(t: torch.Tensor) -> int:
+    """The data address, or while torch.compile traces (no storage), the offset into a storage that Inductor
+    allocates aligned and checks at run time."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return t.storage_offset() * t.element_size()
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory where the kernel writes its tensor descriptors (triton's allocator hook)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
@@ -162,14 +151,19 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     kernel = _flash_attention_fwd_kernel()  # first, so a missing triton raises its clear error
     import triton
 
-    block_m, block_n, num_warps, num_stages = _config(d, q.dtype)
-    grid = (triton.cdiv(nq, block_m), b * hq)
+    cfg = config(d, q.dtype)
+    tma = cfg.tma and _tma_fits(q, k, v, out)
+    if tma and not env.triton_interpret():
+        triton.set_allocator(_scratch)
+    grid = (triton.cdiv(nq, cfg.block_m), b * hq)
     launch(kernel)[grid](
         q, k, v, out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         hq, hq // hkv, nq, nk, scale * _LOG2E,
-        CAUSAL=causal, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        CAUSAL=causal, NEG_SCALE=scale < 0, HEAD_DIM=d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         # fp32 inputs: exact fp32 products rather than TF32's 10-bit mantissa (slower: no tensor cores)
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, PIPELINE=cfg.pipeline,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

@@ -1,0 +1,141 @@
+"""Sweep launch configurations of our Triton flash-attention kernel against SDPA's sub-backends on the GPU.
+
+Used to choose `fullgraph.kernels.flash_attention.config`. Each candidate (BLOCK_M, BLOCK_N, warps, stages,
+TMA loads, pipelined q·kᵀ) is checked against SDPA's output, then timed with CUDA-graph replay beside the
+SDPA sub-backends on the same inputs; causal is swept over the best non-causal candidates only.
+Run: PYTHONPATH=src python3 benchmarks/tune_attention.py > tune_attention.csv  (lines starting # are the summary)
+"""
+
+import itertools
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fullgraph.kernels.flash_attention as fa
+from fullgraph.bench import measure
+from fullgraph.bench.roofline import attention_flops, tflops
+
+# (batch, heads, seq, head dim): the DiT points of issue 5 and the ViT ones
+SHAPES = {128: [(1, 24, 4096, 128), (1, 24, 16384, 128)], 64: [(1, 12, 4096, 64), (20, 12, 197, 64)]}
+SDPA = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
+TILES = {
+    128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 2), (128, 64, 4, 3),
+          (128, 128, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 32, 8, 3)],
+    64: [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2),
+         (128, 128, 4, 3), (64, 64, 4, 3)],
+}  # fmt: skip
+
+
+def time_ms(fn) -> float:
+    return measure(fn, reps=20, warmup=5, graph=True).median_ms
+
+
+def ours(q, k, v, causal, cfg):
+    fa.override = cfg
+    try:
+        return fa.flash_attention_fwd(q, k, v, causal, 1 / math.sqrt(q.shape[-1]))
+    finally:
+        fa.override = None
+
+
+def sweep_point(shape, causal, candidates, print_row):
+    b, h, n, d = shape
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = attention_flops(b, h, n, n, d, causal)
+    ref = None
+    results = {}
+    for name, backend in SDPA.items():
+        with sdpa_kernel(backend):
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+            try:
+                out = fn()
+                ms = time_ms(fn)
+            except RuntimeError as e:
+                print(f"# {shape} {name}: {str(e).splitlines()[0][:80]}", file=sys.stderr)
+                continue
+        ref = out.float() if ref is None else ref
+        results[name] = ms
+        print_row(shape, causal, name, ms, tflops(flops, ms), 0.0)
+    for cfg in candidates:
+        try:
+            out = ours(q, k, v, causal, cfg)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            ms = time_ms(lambda cfg=cfg: ours(q, k, v, causal, cfg))
+        except Exception as e:  # a tile that does not fit (shared memory, registers) is skipped
+            print(f"# {shape} {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:100]}", file=sys.stderr)
+            continue
+        results[cfg] = ms
+        print_row(shape, causal, "/".join(str(int(x)) for x in cfg), ms, tflops(flops, ms), err)
+    return results, flops
+
+
+def main() -> int:
+    print("shape,causal,variant,us,tflops,rel_err")
+
+    def print_row(shape, causal, name, ms, rate, err):
+        print(f"{'x'.join(map(str, shape))},{causal},{name},{ms * 1e3:.1f},{rate:.1f},{err:.2e}", flush=True)
+
+    for d, shapes in SHAPES.items():
+        candidates = [fa.Config(*t, tma, pipe) for t in TILES[d] for tma, pipe in itertools.product((0, 1), (0, 1))]
+        score: dict = {}
+        seen: dict = {}
+        for shape in shapes:
+            res, flops = sweep_point(shape, False, candidates, print_row)
+            _summary(shape, False, res, flops)
+            for cfg in candidates:
+                if cfg in res:
+                    score[cfg] = score.get(cfg, 0.0) + math.log(res[cfg])
+                    seen[cfg] = seen.get(cfg, 0) + 1
+        # the best non-causal candidates over all shapes (geometric mean of times; only those that ran at all)
+        top = sorted((c for c in score if seen[c] == len(shapes)), key=score.get)[:6]
+        print(f"# d={d} non-causal ranking: {top}", flush=True)
+        for shape in shapes:
+            res, flops = sweep_point(shape, True, top, print_row)
+            _summary(shape, True, res, flops)
+    compiled_check()
+    return 0
+
+
+def compiled_check():
+    """Each kernel variant through torch.compile (Inductor launches the triton_op), plain and CUDA-graphed."""
+    q, k, v = (torch.randn(1, 24, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for cfg in (fa.Config(128, 64, 8, 3, True, False), fa.Config(128, 64, 8, 3, False, True),
+                fa.Config(128, 64, 8, 3, True, True)):  # fmt: skip
+        fa.override = cfg
+        for mode in ("default", "reduce-overhead"):
+            torch._dynamo.reset()
+            fn = torch.compile(lambda q, k, v: torch.ops.fullgraph.flash_attention(q, k, v, True, 0.088), mode=mode,
+                               fullgraph=True)  # fmt: skip
+            try:
+                eager = fa.flash_attention_fwd(q, k, v, True, 0.088)
+                out = fn(q, k, v).clone()
+                out = fn(q, k, v).clone()
+                err = ((out.float() - eager.float()).norm() / eager.float().norm()).item()
+                ms = measure(lambda fn=fn: fn(q, k, v), reps=20).median_ms
+                print(f"# compiled {mode} {cfg}: rel err vs eager {err:.2e}, {ms * 1e3:.1f} us", flush=True)
+            except Exception as e:
+                print(f"# compiled {mode} {cfg}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
+    fa.override = None
+
+
+def _summary(shape, causal, res, flops):
+    sdpa = {k: v for k, v in res.items() if isinstance(k, str)}
+    mine = {k: v for k, v in res.items() if not isinstance(k, str)}
+    if not sdpa or not mine:
+        return
+    best_sdpa = min(sdpa, key=sdpa.get)
+    best = min(mine, key=mine.get)
+    print(
+        f"# {'x'.join(map(str, shape))} causal={causal}: best ours {best} {tflops(flops, mine[best]):.0f} TFLOP/s = "
+        f"{sdpa[best_sdpa] / mine[best]:.3f}x {best_sdpa} ({tflops(flops, sdpa[best_sdpa]):.0f}); "
+        + ", ".join(f"{k} {tflops(flops, v):.0f}" for k, v in sdpa.items()),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
