@@ -40,7 +40,7 @@ for step in $steps; do
       $py benchmarks/tune_rows.py 2>&1 | tee "$OUT/tune_rows.csv" | grep '^#'
       ;;
     tune-attention)
-      $py benchmarks/tune_attention.py 2>&1 | tee "$OUT/tune_attention.csv" | grep '^#'
+      $py benchmarks/tune_attention.py ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune_attention.csv" | grep "^#"
       ;;
     grad-mode)
       $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"

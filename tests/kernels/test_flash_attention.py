@@ -59,19 +59,20 @@ def test_matches_float64(triton_device, dtype, seq, head_dim, causal):
     check(*qkv(triton_device, dtype, nq=seq, nk=seq, d=head_dim), causal)
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("tma", [False, True])
-def test_every_kernel_variant(triton_device, monkeypatch, tma, pipeline):
-    """Tensor-descriptor loads and the pipelined q·kᵀ are launch options: each must give the same numbers
+def test_every_kernel_variant(triton_device, monkeypatch, tma, lazy):
+    """Tensor-descriptor loads and lazy rescaling are launch options: each must give the same numbers
     (TMA needs a Hopper GPU; elsewhere, and for unaligned strides, the launcher uses pointer loads)."""
     small = triton_device == "cpu"
     monkeypatch.setattr(
-        fa, "override", fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma, pipeline)
+        fa, "override", fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma, lazy)
     )
     dtype = torch.float16
     for nq, nk, d, causal, hkv in [(77, 77, 80, True, 1), (45, 130, 64, False, 2), (200, 200, 64, True, 2)]:
         check(*qkv(triton_device, dtype, b=2, hq=2, hkv=hkv, nq=nq, nk=nk, d=d), causal)
     check(*qkv(triton_device, dtype, nq=70, nk=70), causal=False, scale=-0.1)  # the max becomes a min
+    check(*growing_logits(triton_device, dtype), causal=True)  # lazy rescaling must still rescale here
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -103,16 +104,19 @@ def test_strided_inputs(triton_device):
     check(q2, k, v, causal=False)
 
 
+def growing_logits(device, dtype):
+    q, k, v = qkv(device, dtype, nq=130, nk=130)
+    # logits in the hundreds, larger for later keys: the running max rises block after block, so every
+    # block must rescale l and the accumulator (exp of unrescaled logits would also overflow fp32)
+    growth = torch.linspace(1, 3, k.shape[2], device=device)[:, None]
+    return (q.float() * 8).to(dtype), (k.float() * 8 * growth).to(dtype), v
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large_logits_grow_along_the_keys(triton_device, dtype, causal):
     skip_bf16_on_cpu(triton_device, dtype)
-    q, k, v = qkv(triton_device, dtype, nq=130, nk=130)
-    # logits in the hundreds, larger for later keys: the running max rises block after block, so every
-    # block must rescale l and the accumulator (exp of unrescaled logits would also overflow fp32)
-    growth = torch.linspace(1, 3, k.shape[2], device=triton_device)[:, None]
-    q, k = (q.float() * 8).to(dtype), (k.float() * 8 * growth).to(dtype)
-    check(q, k, v, causal)
+    check(*growing_logits(triton_device, dtype), causal)
 
 
 def test_every_element_written(triton_device, monkeypatch):

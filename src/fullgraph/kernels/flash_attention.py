@@ -42,23 +42,30 @@ def _flash_attention_fwd_kernel():
 
 class Config(NamedTuple):
     """One launch configuration. `tma`: load q/k/v and store out through tensor descriptors (Hopper's TMA unit;
-    used only when every base and row stride is 16-byte aligned). `pipeline`: issue the next key block's
-    q·kᵀ before this block's softmax."""
+    used only when every base and row stride is 16-byte aligned). `lazy`: rescale the accumulator only when
+    a row's running max grows by more than 2^8 (see the kernel's `_fold`)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     tma: bool = False
-    pipeline: bool = False
+    lazy: bool = False
 
 
 # Set by benchmarks/tune_attention.py to time a candidate; None uses `config`.
 override: Config | None = None
 
 
-def config(head_dim: int, dtype: torch.dtype) -> Config:
-    """The launch configuration for a head dim and dtype (BLOCK_M is a multiple of BLOCK_N: see the kernel)."""
+def config(head_dim: int, dtype: torch.dtype, n_q: int, batch_heads: int) -> Config:
+    """The launch configuration for a problem (BLOCK_M is a multiple of BLOCK_N: see the kernel).
+
+    From the H200 sweep in benchmarks/results/tune_attention_h200.csv (bf16; `benchmarks/tune_attention.py`):
+    head dim 128 runs best with 128-query tiles, 4 warps and TMA loads (519 TFLOP/s at 1x24x16384; 400
+    without TMA) when the grid has at least ~8 waves of programs; with fewer (1x24x4096: 768 programs on 132
+    SMs) 64-query tiles fill the GPU better (517 against 509). Head dim 64 prefers 64-query tiles except on
+    short sequences (ViT's 197 tokens: 128-query tiles, 122 against 98 TFLOP/s).
+    """
     if override is not None:
         return override
     if env.triton_interpret():
@@ -68,9 +75,10 @@ def config(head_dim: int, dtype: torch.dtype) -> Config:
         # 4-byte tiles and IEEE (non-tensor-core) dots: smaller tiles to fit shared memory and registers
         return Config(64, 32, 4, 2)
     if head_dim <= 64:
-        return Config(128, 64, 4, 3)
+        return Config(128, 64, 4, 2) if n_q <= 256 else Config(64, 64, 4, 3)
     if head_dim <= 128:
-        return Config(128, 64, 8, 3)
+        many = -(-n_q // 128) * batch_heads >= 1024
+        return Config(128, 64, 4, 2, tma=True) if many else Config(64, 64, 4, 3)
     return Config(64, 32, 8, 2)
 
 
@@ -151,7 +159,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     kernel = _flash_attention_fwd_kernel()  # first, so a missing triton raises its clear error
     import triton
 
-    cfg = config(d, q.dtype)
+    cfg = config(d, q.dtype, nq, b * hq)
     tma = cfg.tma and _tma_fits(q, k, v, out)
     if tma and not env.triton_interpret():
         triton.set_allocator(_scratch)
@@ -163,7 +171,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         CAUSAL=causal, NEG_SCALE=scale < 0, HEAD_DIM=d,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         # fp32 inputs: exact fp32 products rather than TF32's 10-bit mantissa (slower: no tensor cores)
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, PIPELINE=cfg.pipeline,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, LAZY=cfg.lazy,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

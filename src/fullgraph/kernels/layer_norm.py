@@ -33,7 +33,8 @@ def _layer_norm_fwd_kernel():
         x = tl.load(X + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         mean = tl.sum(x, axis=1) / n_cols
         xc = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+        # eps arrives as fp32 from a direct launch but fp64 from Inductor's wrapper; fp32 either way
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + tl.cast(eps, tl.float32))
         y = xc * rstd[:, None]
         if HAS_WEIGHT:
             y *= tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)

@@ -36,7 +36,8 @@ def _rms_norm_fwd_kernel():
             x = (x + tl.load(R + rows * stride_r + cols, mask=mask, other=0.0)).to(S.dtype.element_ty)
             tl.store(S + rows * stride_s + cols, x, mask=mask)
             x = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        # eps arrives as fp32 from a direct launch but fp64 from Inductor's wrapper; fp32 either way
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + tl.cast(eps, tl.float32))
         y = x * rstd[:, None]
         if HAS_WEIGHT:
             y *= tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)

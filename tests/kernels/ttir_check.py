@@ -1,0 +1,122 @@
+"""Build every kernel's Triton IR for a Hopper target with the argument types Inductor's wrapper gives them.
+
+A kernel launched directly gets Triton's own typing (Python floats as fp32); inside a torch.compile graph,
+Inductor's wrapper launches it with floats as fp64 and ints equal to 1 as constants. A kernel that only
+compiles one way breaks torch.compile on the GPU, which CI has no GPU to see; building the IR needs none.
+
+Run without TRITON_INTERPRET (the interpreter replaces triton.jit): python -m tests.kernels.ttir_check
+Prints one line per case: "ok <case>" or "FAIL <case>: <error>".
+"""
+
+import inspect
+import sys
+
+import torch
+
+import fullgraph.kernels.flash_attention as fa
+from fullgraph.kernels import layer_norm, modulate, rms_norm, rope
+
+_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32"}
+
+
+_calls: list = []
+
+
+class _Record:
+    """Stands in for `launch(kernel)[grid](...)`: keeps the kernel and its arguments, launches nothing."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: _calls.append((self.kernel, args, kwargs))
+
+
+def inductor_signature(kernel, args, kwargs):
+    """(signature, constexprs) as Inductor's user-kernel wrapper types them."""
+    bound = dict(zip(kernel.arg_names, args, strict=False)) | kwargs
+    signature, constexprs = {}, {}
+    for p in kernel.params:
+        value = bound.get(p.name)
+        if p.is_constexpr or value is None or (type(value) is int and value == 1):
+            signature[p.name] = "constexpr"
+            constexprs[(p.num,)] = value
+        elif isinstance(value, torch.Tensor):
+            signature[p.name] = "*" + _TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[p.name] = "i1"
+        elif isinstance(value, float):
+            signature[p.name] = "fp64"
+        else:
+            signature[p.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+    return signature, constexprs
+
+
+def build_ir(kernel, signature, constexprs) -> None:
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    args = [options, backend.get_codegen_implementation(options), backend.get_module_map(), context]
+    if "target" in inspect.signature(source.make_ir).parameters:
+        args.insert(0, target)
+    source.make_ir(*args)
+
+
+def cases():
+    """(name, call) pairs: each call runs one launcher on CPU tensors through the recorder."""
+    bf16 = {"dtype": torch.bfloat16}
+    x, w = torch.randn(6, 64, **bf16), torch.randn(64, **bf16)
+    q, kv = torch.randn(1, 4, 100, 128, **bf16), torch.randn(1, 2, 100, 128, **bf16)
+    cos = torch.randn(100, 64)
+    shift = torch.randn(1, 64, **bf16)
+    yield "rms_norm", lambda: rms_norm.rms_norm_fwd.launcher(x, w, 1e-6)
+    yield "rms_norm_residual", lambda: rms_norm.rms_norm_residual_fwd.launcher(x, x, w, 1e-6)
+    yield "layer_norm", lambda: layer_norm.layer_norm_fwd.launcher(x, w, w, 1e-5)
+    yield "rope", lambda: rope.rope_fwd.launcher(q, cos, cos, False, 2)
+    yield "modulate", lambda: modulate.modulate_fwd.launcher(x, shift, shift)
+    yield "gated_residual", lambda: modulate.gated_residual_fwd.launcher(x, x, shift)
+    for tma in (False, True):
+        for lazy in (False, True):
+            for causal in (False, True):
+                cfg = fa.Config(128, 64, 8, 3, tma, lazy)
+                name = f"flash_attention tma={int(tma)} lazy={int(lazy)} causal={int(causal)}"
+                yield name, lambda cfg=cfg, causal=causal: _with_config(cfg, q, kv, causal)
+
+
+def _with_config(cfg, q, kv, causal):
+    fa.override = cfg
+    try:
+        fa.flash_attention_fwd.launcher(q, kv, kv, causal, 0.088)
+    finally:
+        fa.override = None
+
+
+def main() -> int:
+    failed = 0
+    for module in (fa, layer_norm, modulate, rms_norm, rope):
+        module.launch = _Record
+    for name, call in cases():
+        _calls.clear()
+        call()
+        (kernel, args, kwargs), *_ = _calls
+        try:
+            build_ir(kernel, *inductor_signature(kernel, args, kwargs))
+            print(f"ok {name}")
+        except Exception as e:
+            failed += 1
+            cause = e.__cause__ or e
+            print(f"FAIL {name}: {type(cause).__name__}: {str(cause).strip().splitlines()[-1]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
