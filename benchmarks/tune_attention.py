@@ -1,9 +1,9 @@
 """Sweep launch configurations of our Triton flash-attention kernel against SDPA's sub-backends on the GPU.
 
 Used to choose `fullgraph.kernels.flash_attention.config`. Each candidate (BLOCK_M, BLOCK_N, warps, stages,
-TMA loads, lazy rescaling) is checked against SDPA's output, then timed with CUDA-graph replay beside the
+TMA loads) is checked against SDPA's output, then timed with CUDA-graph replay beside the
 SDPA sub-backends on the same inputs; causal is swept over the best non-causal candidates only.
-`--short`: only the tiles `config` picks, each with and without lazy rescaling.
+`--short`: only the tiles `config` picks.
 Run: PYTHONPATH=src python3 benchmarks/tune_attention.py > tune_attention.csv  (lines starting # are the summary)
 """
 
@@ -83,7 +83,7 @@ def main() -> int:
     short = "--short" in sys.argv
     for d, shapes in SHAPES.items():
         tiles = SHORT_TILES[d] if short else [(*t, tma) for t in TILES[d] for tma in (False, True)]
-        candidates = [fa.Config(*t, lazy) for t in tiles for lazy in (False, True)]
+        candidates = [fa.Config(*t) for t in tiles]
         score: dict = {}
         seen: dict = {}
         for shape in shapes:
@@ -106,7 +106,7 @@ def main() -> int:
 def compiled_check():
     """Each kernel variant through torch.compile (Inductor launches the triton_op), plain and CUDA-graphed."""
     q, k, v = (torch.randn(1, 24, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    for cfg in (fa.Config(128, 64, 4, 2, True, False), fa.Config(64, 64, 4, 3, False, True)):
+    for cfg in (fa.Config(128, 64, 4, 2, True), fa.Config(64, 64, 4, 3, False)):
         fa.override = cfg
         for mode in ("default", "reduce-overhead"):
             torch._dynamo.reset()

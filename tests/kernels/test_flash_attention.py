@@ -59,20 +59,17 @@ def test_matches_float64(triton_device, dtype, seq, head_dim, causal):
     check(*qkv(triton_device, dtype, nq=seq, nk=seq, d=head_dim), causal)
 
 
-@pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("tma", [False, True])
-def test_every_kernel_variant(triton_device, monkeypatch, tma, lazy):
-    """Tensor-descriptor loads and lazy rescaling are launch options: each must give the same numbers
-    (TMA needs a Hopper GPU; elsewhere, and for unaligned strides, the launcher uses pointer loads)."""
+def test_every_kernel_variant(triton_device, monkeypatch, tma):
+    """Tensor-descriptor loads are a launch option: they must give the same numbers (TMA needs a Hopper GPU;
+    elsewhere, and for unaligned strides, the launcher uses pointer loads)."""
     small = triton_device == "cpu"
-    monkeypatch.setattr(
-        fa, "override", fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma, lazy)
-    )
+    monkeypatch.setattr(fa, "override", fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma))
     dtype = torch.float16
     for nq, nk, d, causal, hkv in [(77, 77, 80, True, 1), (45, 130, 64, False, 2), (200, 200, 64, True, 2)]:
         check(*qkv(triton_device, dtype, b=2, hq=2, hkv=hkv, nq=nq, nk=nk, d=d), causal)
     check(*qkv(triton_device, dtype, nq=70, nk=70), causal=False, scale=-0.1)  # the max becomes a min
-    check(*growing_logits(triton_device, dtype), causal=True)  # lazy rescaling must still rescale here
+    check(*growing_logits(triton_device, dtype), causal=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

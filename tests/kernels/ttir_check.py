@@ -85,11 +85,12 @@ def cases():
     yield "modulate", lambda: modulate.modulate_fwd.launcher(x, shift, shift)
     yield "gated_residual", lambda: modulate.gated_residual_fwd.launcher(x, x, shift)
     for tma in (False, True):
-        for lazy in (False, True):
-            for causal in (False, True):
-                cfg = fa.Config(128, 64, 8, 3, tma, lazy)
-                name = f"flash_attention tma={int(tma)} lazy={int(lazy)} causal={int(causal)}"
-                yield name, lambda cfg=cfg, causal=causal: _with_config(cfg, q, kv, causal)
+        for causal in (False, True):
+            cfg = fa.Config(128, 64, 4, 2, tma)
+            yield (
+                f"flash_attention tma={int(tma)} causal={int(causal)}",
+                lambda c=cfg, causal=causal: _with_config(c, q, kv, causal),
+            )
 
 
 def _with_config(cfg, q, kv, causal):

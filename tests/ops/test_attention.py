@@ -80,7 +80,14 @@ def test_matches_float64_reference(request, backend, n, d, case):
             pytest.skip(f"{backend} is quantized; its accuracy is its own package's to test")
     args = (q, k, v) if layout == "bnsd" else (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     before = sum(c for key, c in counters.items() if key[:2] == ("attention", "eager"))
-    out = attention(*args, layout=layout, causal=causal, attn_mask=mask, backend=backend)
+    try:
+        out = attention(*args, layout=layout, causal=causal, attn_mask=mask, backend=backend)
+    except UsageError as e:
+        # cuDNN's own heuristics refuse some single-token calls the table cannot foresee ("No available
+        # kernel"); that refusal must be this clear error (`auto` then times the others), and is not a wrong answer
+        if backend == "sdpa-cudnn" and n == 1 and "refused these inputs" in str(e):
+            pytest.skip(f"sdpa-cudnn refused at run time: {e}")
+        raise
     assert sum(c for key, c in counters.items() if key[:2] == ("attention", "eager")) == before + 1
     if backend != "auto":
         assert counters[("attention", "eager", backend)] > 0

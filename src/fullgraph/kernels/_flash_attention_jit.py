@@ -59,13 +59,8 @@ def _fold(
     BLOCK_D: tl.constexpr,
     USE_TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    LAZY: tl.constexpr,
 ):
-    """Fold one key block (its raw scores s and its values) into the running accumulator, sum and max.
-
-    LAZY keeps the old max (and skips rescaling the accumulator) unless some row's max grew by more than
-    2^8: the exponentials are then bounded by 256 rather than 1, which fp32 sums and bf16 p hold exactly as well.
-    """
+    """Fold one key block (its raw scores s and its values) into the running accumulator, sum and max."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         # keys past the end (and, on the diagonal, future keys) must be -inf before the max, not after
@@ -80,17 +75,9 @@ def _fold(
         m_new = tl.maximum(m_i, row * qk_scale)
     # every row has a finite m after its first key block (key 0 is never masked), so a row whose keys are all
     # masked in a later block gets p = 0 rather than exp2(-inf - -inf) = NaN
-    if LAZY:
-        if tl.max(m_new - m_i, 0) > 8.0:  # true on the first block, where m_i is -inf
-            alpha = tl.exp2(m_i - m_new)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        m_new = m_i
-    else:
-        alpha = tl.exp2(m_i - m_new)
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha
+    alpha = tl.exp2(m_i - m_new)
+    acc = acc * alpha[:, None]
+    l_i = l_i * alpha
     p = tl.exp2(s - m_new[:, None]) if MASKED else tl.exp2(s * qk_scale - m_new[:, None])  # s is scaled if MASKED
     l_i = l_i + tl.sum(p, 1)
     if USE_TMA:
@@ -112,14 +99,13 @@ def _fold(
 @triton.jit
 def _attend(acc, l_i, m_i, q, K, V, lo, hi, offs_m, n_kv, stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
             MASKED: tl.constexpr, CAUSAL: tl.constexpr, NEG_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            LAZY: tl.constexpr):
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold the key blocks starting at lo, lo + BLOCK_N, .. below hi into (acc, l, m)."""
     for start_n in range(lo, hi, BLOCK_N):
         s = _scores(q, K, start_n, n_kv, stride_kn, stride_kd, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA,
                     DOT_PRECISION)
         acc, l_i, m_i = _fold(acc, l_i, m_i, s, V, start_n, offs_m, n_kv, stride_vn, stride_vd, qk_scale, MASKED,
-                              CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA, DOT_PRECISION, LAZY)
+                              CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA, DOT_PRECISION)
     return acc, l_i, m_i
 # fmt: on
 
@@ -159,7 +145,6 @@ def flash_attention_fwd_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,
-    LAZY: tl.constexpr,
 ):
     # Inductor's wrapper passes Python floats as fp64 (a direct launch as fp32): fp64 here would turn the
     # running max and sum into fp64 and break the loop's types
@@ -208,10 +193,10 @@ def flash_attention_fwd_kernel(
     # fmt: off
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, 0, n_full, offs_m, n_kv, stride_kn, stride_kd, stride_vn,
                             stride_vd, qk_scale, False, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA,
-                            DOT_PRECISION, LAZY)
+                            DOT_PRECISION)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, n_full, hi, offs_m, n_kv, stride_kn, stride_kd, stride_vn,
                             stride_vd, qk_scale, True, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA,
-                            DOT_PRECISION, LAZY)
+                            DOT_PRECISION)
     # fmt: on
 
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)

@@ -42,15 +42,13 @@ def _flash_attention_fwd_kernel():
 
 class Config(NamedTuple):
     """One launch configuration. `tma`: load q/k/v and store out through tensor descriptors (Hopper's TMA unit;
-    used only when every base and row stride is 16-byte aligned). `lazy`: rescale the accumulator only when
-    a row's running max grows by more than 2^8 (see the kernel's `_fold`)."""
+    used only when every base and row stride is 16-byte aligned)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     tma: bool = False
-    lazy: bool = False
 
 
 # Set by benchmarks/tune_attention.py to time a candidate; None uses `config`.
@@ -171,7 +169,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         CAUSAL=causal, NEG_SCALE=scale < 0, HEAD_DIM=d,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         # fp32 inputs: exact fp32 products rather than TF32's 10-bit mantissa (slower: no tensor cores)
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, LAZY=cfg.lazy,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

@@ -177,8 +177,13 @@ def _bsnd_memory(out: torch.Tensor) -> torch.Tensor:
 
 
 def _expand_kv(q, k, v):
+    """k and v with q's head count, stored in q's layout ([B, N, H, D] or [B, H, N, D] in memory)."""
     rep = q.shape[1] // k.shape[1]
-    return (k, v) if rep == 1 else (k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1))
+    if rep == 1:
+        return k, v
+    if q.stride(1) < q.stride(2):  # q is stored [B, N, H, D]: build the copies that way too (cuDNN wants one layout)
+        return tuple(t.transpose(1, 2).repeat_interleave(rep, dim=2).transpose(1, 2) for t in (k, v))
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
 
 def attention_native(q, k, v, attn_mask, causal: bool, scale: float):
@@ -335,11 +340,19 @@ def _runs(backend: str, call: Callable[[str], object]) -> bool:
 
 
 def _timed(names: list[str], call: Callable[[str], object], device) -> dict[str, float]:
-    """Median ms of each backend that runs; the ones that refuse are left out."""
+    """Median device ms of each backend that runs (CUDA-graph replay, so the host's dispatch cost, which
+    torch.compile and CUDA graphs remove, does not decide); the ones that refuse are left out."""
     from fullgraph.bench.timing import measure
 
-    runs = [n for n in names if _runs(n, call)]
-    return {n: measure(lambda n=n: call(n), device=device, warmup=3, reps=10).median_ms for n in runs}
+    times = {}
+    graph = torch.device(device).type == "cuda"
+    for n in (n for n in names if _runs(n, call)):
+        try:
+            times[n] = measure(lambda n=n: call(n), device=device, warmup=3, reps=15, inner=4, graph=graph).median_ms
+        except RuntimeError as e:  # a kernel that cannot be captured in a CUDA graph: timed by events instead
+            log.info("attention backend %s not capturable (%s): timed with events", n, env.first_line(e))
+            times[n] = measure(lambda n=n: call(n), device=device, warmup=3, reps=15, inner=4).median_ms
+    return times
 
 
 def choose_eager(s: Spec, call: Callable[[str], object], device) -> str:
@@ -349,7 +362,8 @@ def choose_eager(s: Spec, call: Callable[[str], object], device) -> str:
     if found is not None:
         return found
     names = candidates(s)
-    if s.device_type == "cuda" and len(names) > 1:
+    capturing = s.device_type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if s.device_type == "cuda" and len(names) > 1 and not capturing:  # no timing inside someone's graph capture
         timings[key] = times = _timed(names, call, device)
         choice = min(times, key=times.__getitem__)
         log.info("attention auto %s: %s from %s (median ms)", key, choice, times)

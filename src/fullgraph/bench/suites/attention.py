@@ -2,9 +2,10 @@
 
 Points follow the two model families of the design: ViT-like (12 heads, head dim 64) and DiT-like (24 heads,
 head dim 128), at sequence lengths 197, 1024, 4096 and 16384, causal and not, bf16. Each backend is timed
-with CUDA events over the same inputs; TFLOP/s counts attention's two products (halved when causal), and is
-compared with the bf16 GEMM ceiling measured in the same run. Outputs are checked against the math backend
-in float32 where that fits in memory (N <= 4096).
+on the same inputs by CUDA-graph replay (device time, as `auto` measures it: eager dispatch costs, which
+torch.compile and CUDA graphs remove, would otherwise decide the short points); TFLOP/s counts attention's
+two products (halved when causal), and is compared with the bf16 GEMM ceiling measured in the same run.
+Outputs are checked against the math backend in float32 where that fits in memory (N <= 4096).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def run(args) -> tuple[list[Result], str]:
 
 
 def _point(b, h, n, d, causal, dtype, device, gemm, reps):
+    gpu = device.type == "cuda"
     q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype) for _ in range(3))
     point = f"{b}x{h}x{n}x{d}{' causal' if causal else ''}"
     flops = attention_flops(b, h, n, n, d, causal)
@@ -83,7 +85,8 @@ def _point(b, h, n, d, causal, dtype, device, gemm, reps):
             continue  # not installed or cannot serve this point: not a row, say so once in the docs
         try:
             out = attention(q, k, v, causal=causal, backend=name)
-            t = measure(lambda name=name: attention(q, k, v, causal=causal, backend=name), device=device, reps=reps)
+            call = lambda name=name: attention(q, k, v, causal=causal, backend=name)  # noqa: E731
+            t = measure(call, device=device, reps=reps, inner=4, graph=gpu)  # device time, as `auto` times it
         except Exception as e:  # a backend that refuses at run time is a finding, not a crash
             table.append([point, name, None, None, None, None, f"error: {type(e).__name__}"])
             continue
