@@ -61,9 +61,21 @@ def test_recommendation_is_the_fastest_within_tolerance():
     ]
     rec = doc.recommend(configs)
     assert rec.config == "compile reduce-overhead bf16"
-    assert math.isclose(rec.speedup, 10.0 / 3.0)
+    assert math.isclose(rec.speedup, 10.0 / 3.0) and rec.baseline == "eager fp32"
+    assert rec.versus == "3.33x eager fp32"
     assert 'mode="reduce-overhead"' in rec.code and "torch.bfloat16" in rec.code
     assert doc.recommend([configs[2]]) is None
+
+
+def test_speedup_is_over_the_eager_row_the_table_has():
+    bf16 = [
+        cfg("eager bf16", 4.0, 1e-2, tol=4e-2, mode="eager", dtype="bf16"),
+        cfg("compile reduce-overhead bf16", 0.5, 1e-2, tol=4e-2, mode="reduce-overhead", dtype="bf16"),
+    ]
+    rec = doc.recommend(bf16)  # --dtype bf16: no eager fp32 row, so not "x eager fp32"
+    assert rec.baseline == "eager bf16" and math.isclose(rec.speedup, 8.0) and rec.versus == "8.00x eager bf16"
+    rec = doc.recommend(bf16[1:])  # --mode without eager: no speed-up claimed at all
+    assert rec.speedup is None and rec.baseline is None and rec.versus == ""
 
 
 def test_rel_err_never_passes_nan():

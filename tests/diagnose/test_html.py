@@ -85,7 +85,7 @@ def _report() -> Report:
         cudagraph_skips=["mutated inputs in forward (model.py:12)"],
         configs=configs,
         recommendation=Recommendation(
-            "compile max-autotune bf16", eager / fast, 'model = torch.compile(model, mode="max-autotune")'
+            "compile max-autotune bf16", eager / fast, 'model = torch.compile(model, mode="max-autotune")', "eager fp32"
         ),
         checklist=[
             ChecklistItem("no graph breaks", "fail", "2 breaks"),

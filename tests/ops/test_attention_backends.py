@@ -156,7 +156,10 @@ def test_auto_on_a_dit_shape_is_within_3_percent_of_the_fastest():
     choice = attention_choice(q, k, v)
     timed = ab.timings[ab.cache_key(ab.spec_of(q, k, None, False))]
     assert choice in timed and len(timed) > 1, timed
+    # device time by CUDA-graph replay, as auto measures it: with events around eager calls, the host's
+    # dispatch cost (~0.1 ms a call) hides these ~0.1 ms kernels
     fresh = {
-        b: measure(lambda b=b: attention(q, k, v, backend=b), device="cuda", warmup=5, reps=50).median_ms for b in timed
+        b: measure(lambda b=b: attention(q, k, v, backend=b), device="cuda", reps=50, inner=4, graph=True).median_ms
+        for b in timed
     }
     assert fresh[choice] <= 1.03 * min(fresh.values()), fresh

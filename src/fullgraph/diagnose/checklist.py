@@ -43,7 +43,8 @@ def build_checklist(report: Report, vary: Sequence[str], gpu: bool) -> list[Chec
         _item(
             "Compile mode chosen by measurement",
             "pass" if rec else "fail",
-            f"{len(report.configs)} configuration(s) timed; best: {rec.config} at {rec.speedup:.2f}x eager fp32"
+            f"{len(report.configs)} configuration(s) timed; best: {rec.config}"
+            + (f" at {rec.versus}" * bool(rec.versus))
             if rec
             else "no configuration ran within tolerance",
         ),

@@ -97,7 +97,8 @@ def _run_config(model, inputs, ref, device, dtype, mode, reps, skips_out: list[s
 
 def recommend(configs: Sequence[ConfigResult]) -> Recommendation | None:
     ok = [c for c in configs if c.ok and c.median_ms]
-    base = next((c for c in configs if c.mode == "eager" and c.dtype == "fp32" and c.median_ms), None)
+    eager = [c for c in configs if c.mode == "eager" and c.median_ms]
+    base = next((c for c in eager if c.dtype == "fp32"), eager[0] if eager else None)
     if not ok:
         return None
     best = min(ok, key=lambda c: c.median_ms)
@@ -108,7 +109,9 @@ def recommend(configs: Sequence[ConfigResult]) -> Recommendation | None:
     else:
         call = f'model = torch.compile(model, mode="{best.mode}")\n'
     code = f"{cast}{call}with torch.no_grad():\n    y = model(*inputs)"
-    return Recommendation(best.name, (base.median_ms / best.median_ms) if base else 1.0, code)
+    if base is None:
+        return Recommendation(best.name, None, code)
+    return Recommendation(best.name, base.median_ms / best.median_ms, code, base.name)
 
 
 def doctor(

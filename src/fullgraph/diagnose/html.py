@@ -187,8 +187,9 @@ def _summary(r: Report) -> str:
         parts.append('<p><b>Recommendation:</b> <span class="none">none found</span></p>')
     else:
         parts.append(
-            f"<p><b>Recommendation:</b> use <b>{_e(rec.config)}</b>, "
-            f"{rec.speedup:.2f}× the speed of eager fp32:</p><pre><code>{_e(rec.code)}</code></pre>"
+            f"<p><b>Recommendation:</b> use <b>{_e(rec.config)}</b>"
+            + (f", {rec.speedup:.2f}× the speed of {_e(rec.baseline)}" if rec.versus else "")
+            + f":</p><pre><code>{_e(rec.code)}</code></pre>"
         )
     return "\n".join(parts)
 
@@ -326,7 +327,8 @@ def _chart_row(c: ConfigResult, cy: float, x: Callable[[float], float], r: Repor
         path = f"M{lo:.1f} {cy}H{hi:.1f}M{lo:.1f} {cy - 5}V{cy + 5}M{hi:.1f} {cy - 5}V{cy + 5}"
         out.append(f'<path d="{path}" stroke="{"#1e293b" if usable else "#9ca3af"}" stroke-width="1.5" fill="none"/>')
     if is_rec:
-        note = f"{_num(c.median_ms)} ms · recommended, {r.recommendation.speedup:.2f}×"
+        rec = r.recommendation
+        note = f"{_num(c.median_ms)} ms · recommended" + (f", {rec.speedup:.2f}×" if rec.versus else "")
     elif usable:
         note = f"{_num(c.median_ms)} ms"
     else:

@@ -79,8 +79,14 @@ class ConfigResult:
 @dataclass(frozen=True)
 class Recommendation:
     config: str  # ConfigResult.name
-    speedup: float  # over eager fp32
+    speedup: float | None  # over `baseline`
     code: str  # the exact code to use
+    baseline: str | None = None  # the configuration the speed-up is over: eager fp32, else the table's eager row
+
+    @property
+    def versus(self) -> str:
+        """ "5.23x eager fp32", or "" when the table has no eager row to compare with."""
+        return f"{self.speedup:.2f}x {self.baseline}" if self.speedup and self.baseline else ""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def format_summary(r: Report) -> str:
     out.append("")
     if r.recommendation:
         rec = r.recommendation
-        out.append(f"recommendation: {rec.config}, {rec.speedup:.2f}x eager fp32\n")
+        out.append(f"recommendation: {rec.config}{', ' + rec.versus if rec.versus else ''}\n")
         out += ["    " + line for line in rec.code.splitlines()]
     else:
         out.append("recommendation: none (no configuration ran within tolerance)")
