@@ -163,3 +163,21 @@ def test_auto_on_a_dit_shape_is_within_3_percent_of_the_fastest():
         for b in timed
     }
     assert fresh[choice] <= 1.03 * min(fresh.values()), fresh
+
+
+def test_eager_inference_skips_the_op_dispatch(monkeypatch):
+    """Plain eager inference calls a backend's implementation directly (the custom-op layers cost more host
+    time than a short kernel); anything autograd must see goes through the op, which has the backward."""
+    op = ab.OPS["sdpa-math"]
+    direct = []
+    real = op.launcher
+    monkeypatch.setattr(op, "launcher", lambda *args: direct.append(1) or real(*args))
+    q = torch.randn(1, 2, 8, 16)
+    with torch.no_grad():
+        fast = attention(q, q, q, backend="sdpa-math")
+    assert direct == [1]
+    leaf = q.clone().requires_grad_()
+    out = attention(leaf, leaf, leaf, backend="sdpa-math")
+    assert direct == [1]  # through the op
+    out.sum().backward()
+    assert leaf.grad is not None and torch.equal(out.detach(), fast)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from fullgraph import env
 from fullgraph._files import write_atomic
+from fullgraph.kernels._library import call_kernel
 from fullgraph.ops._autograd import backward_from_native
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,7 @@ def _fake(q, k, v, attn_mask, causal, scale):
 def _register(name: str, impl: Callable):
     op = torch.library.custom_op(f"fullgraph::{name}", impl, mutates_args=(), schema=_SCHEMA)
     op.register_fake(_fake)
+    op.launcher = impl  # for `call_kernel`'s eager fast path
     backward_from_native(op, attention_native)
     return op
 
@@ -249,9 +251,13 @@ OPS = {
 
 
 def run_backend(backend: str, q, k, v, attn_mask, causal: bool, scale: float) -> torch.Tensor:
+    """Run one backend's op; in plain eager inference its implementation is called directly (the custom-op
+    dispatch layers cost more host time than a short attention kernel takes)."""
     if backend == "triton":  # ours, registered on import by the kernel module (`serve_reason` imported it)
-        return torch.ops.fullgraph.flash_attention(q, k, v, causal, scale)  # its own fake states its strides
-    return OPS[backend](q, k, v, attn_mask, causal, scale)
+        from fullgraph.kernels.flash_attention import flash_attention_fwd
+
+        return call_kernel(flash_attention_fwd, q, k, v, causal, scale)  # its own fake states its strides
+    return call_kernel(OPS[backend], q, k, v, attn_mask, causal, scale)
 
 
 # ---- "auto": choice, timing and the cache ---------------------------------------------------------------
@@ -324,7 +330,8 @@ def candidates(s: Spec, exact_only: bool = True) -> list[str]:
 
 
 def _cached(s: Spec, key: str) -> str | None:
-    for found in (_memory.get(key), load_choices().get(key)):
+    for source in (_memory.get, lambda key: load_choices().get(key)):  # the file only when memory has none
+        found = source(key)
         if found in BACKENDS and not serve_reason(found, *s):
             return found
     return None
