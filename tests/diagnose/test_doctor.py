@@ -76,6 +76,8 @@ def test_speedup_is_over_the_eager_row_the_table_has():
     assert rec.baseline == "eager bf16" and math.isclose(rec.speedup, 8.0) and rec.versus == "8.00x eager bf16"
     rec = doc.recommend(bf16[1:])  # --mode without eager: no speed-up claimed at all
     assert rec.speedup is None and rec.baseline is None and rec.versus == ""
+    rec = doc.recommend([bf16[0]])  # eager itself is the best: no "1.00x eager bf16"
+    assert rec.config == "eager bf16" and rec.versus == "" and "did not beat eager" in rec.code
 
 
 def test_rel_err_never_passes_nan():

@@ -85,8 +85,10 @@ class Recommendation:
 
     @property
     def versus(self) -> str:
-        """ "5.23x eager fp32", or "" when the table has no eager row to compare with."""
-        return f"{self.speedup:.2f}x {self.baseline}" if self.speedup and self.baseline else ""
+        """ "5.23x eager fp32", or "" when the table has no eager row to compare with, or it is that row."""
+        if not self.speedup or not self.baseline or self.baseline == self.config:
+            return ""
+        return f"{self.speedup:.2f}x {self.baseline}"
 
 
 @dataclass(frozen=True)
