@@ -59,7 +59,8 @@ def kernel_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] = ()):
 
 
 def call_kernel(op, *args):
-    """Run a kernel op. In plain eager inference the launcher is called directly: the torch op dispatch
+    """Run a registered op that carries its plain implementation as `op.launcher` (every kernel op here, and
+    the attention backends). In plain eager inference the launcher is called directly: the torch op dispatch
     (custom-op and autograd layers in Python) costs more host time than a short kernel takes on the GPU.
     Whenever anything could be watching (torch.compile, export, a dispatch mode such as FakeTensor or
     make_fx, or autograd), the registered op is called, so the op appears in graphs and gets its backward.

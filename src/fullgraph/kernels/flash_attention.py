@@ -8,7 +8,11 @@ Causal masking keeps key j for query i when j <= i and needs Nq == Nk.
 One program owns BLOCK_M query rows of one (batch, head) and walks the keys BLOCK_N at a time, keeping per
 row the running max m, the running sum l of exp(s - m) and an fp32 accumulator of p·v; when m grows, l and
 the accumulator are rescaled by exp(m_old - m_new). Scores are kept in log2 units (scale · log2 e folded in
-once) so each element costs one exp2.
+once, and fused with the max subtraction) so each element costs one FMA and one exp2. The keys split into a
+range needing no mask (every key exists and, when causal, precedes the whole query block) and a short masked
+tail (the last partial block, the causal diagonal). On Hopper, loads and the store can go through tensor
+descriptors (TMA). The Triton code is in `_flash_attention_jit.py`; measured speed in
+docs/attention-benchmark.md.
 
 FLOPs: 4·B·Hq·Nq·Nk·D (two matmuls), about half that when causal. Memory traffic: q read and out written once
 (2·B·Hq·Nq·D·bytes); k and v read once per query block, 2·B·Hq·Nk·D·bytes·ceil(Nq / BLOCK_M) (query heads
