@@ -34,55 +34,36 @@ NUM_WARPS = 4
 
 
 @functools.cache
-def _modulate_fwd_kernel():
+def _modulation_fwd_kernel():
     triton, tl = require_triton()
 
     @triton.jit
-    def kernel(X, SHIFT, SCALE, Y, numel, n_cols, group_numel, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    def kernel(X, A, P, Y, numel, n_cols, group_numel, GATED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+        """GATED: y = x + p * a with a x-shaped (gated_residual); else y = x * (1 + p) + a, a per group (modulate)."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         if WIDE:  # past 2**31 elements, offsets need 64 bits
             offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < numel
         p = (offs // group_numel) * n_cols + offs % n_cols  # the parameter element for each x element
-        x = tl.load(X + offs, mask=mask, other=0.0)
-        shift = tl.load(SHIFT + p, mask=mask, other=0.0)
-        scale = tl.load(SCALE + p, mask=mask, other=0.0)
-        y = x.to(tl.float32) * (1.0 + scale.to(tl.float32)) + shift.to(tl.float32)
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        a = tl.load(A + (offs if GATED else p), mask=mask, other=0.0).to(tl.float32)
+        param = tl.load(P + p, mask=mask, other=0.0).to(tl.float32)
+        y = x + param * a if GATED else x * (1.0 + param) + a
         tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
     return kernel
 
 
-@functools.cache
-def _gated_residual_fwd_kernel():
-    triton, tl = require_triton()
-
-    @triton.jit
-    def kernel(X, H, GATE, Y, numel, n_cols, group_numel, BLOCK: tl.constexpr, WIDE: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        if WIDE:
-            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < numel
-        p = (offs // group_numel) * n_cols + offs % n_cols
-        x = tl.load(X + offs, mask=mask, other=0.0)
-        h = tl.load(H + offs, mask=mask, other=0.0)
-        gate = tl.load(GATE + p, mask=mask, other=0.0)
-        y = x.to(tl.float32) + gate.to(tl.float32) * h.to(tl.float32)
-        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
-
-    return kernel
-
-
-def _launch(kernel, x: torch.Tensor, a: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """`kernel(X, A, P, Y, ...)` over x's elements: `param` has one row per group; `a` is x-shaped or one too."""
+def _launch(x: torch.Tensor, a: torch.Tensor, param: torch.Tensor, gated: bool) -> torch.Tensor:
+    """The kernel over x's elements: `param` has one row per group; `a` is x-shaped if `gated`, else one too."""
     x, a, param = x.contiguous(), a.contiguous(), param.contiguous()  # flat indexing: copies only odd strides
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     numel = out.numel()
     if numel:
         _, rows_per_group = groups(x, param)
-        launch(kernel)[((numel + BLOCK - 1) // BLOCK,)](
+        launch(_modulation_fwd_kernel())[((numel + BLOCK - 1) // BLOCK,)](
             x, a, param, out, numel, x.shape[-1], rows_per_group * x.shape[-1],
-            BLOCK=BLOCK, WIDE=numel + BLOCK >= 2**31, num_warps=NUM_WARPS,
+            GATED=gated, BLOCK=BLOCK, WIDE=numel + BLOCK >= 2**31, num_warps=NUM_WARPS,
         )  # fmt: skip
     return out
 
@@ -94,10 +75,10 @@ def _fake(x: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
 @kernel_op("modulate", fake=_fake)
 def modulate_fwd(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """`x * (1 + scale) + shift`. Inputs are checked by `fullgraph.ops.modulation.modulate`."""
-    return _launch(_modulate_fwd_kernel(), x, shift, scale)
+    return _launch(x, shift, scale, gated=False)
 
 
 @kernel_op("gated_residual", fake=_fake)
 def gated_residual_fwd(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """`x + gate * h`. Inputs are checked by `fullgraph.ops.modulation.gated_residual`."""
-    return _launch(_gated_residual_fwd_kernel(), x, h, gate)
+    return _launch(x, h, gate, gated=True)
