@@ -10,7 +10,7 @@ import sys
 import torch
 
 from fullgraph.bench import measure, tbps
-from fullgraph.kernels.rms_norm import _rms_norm_fwd_kernel
+from fullgraph.kernels.rms_norm import _row_norm_fwd_kernel
 
 SHAPES = [(16384, 4096), (4096, 3072), (65536, 128), (8192, 16384)]
 
@@ -19,8 +19,8 @@ def launch(kernel, y, rows, warps, x, w):
     n, c = x.shape
     block = 1 << (c - 1).bit_length()
     kernel[((n + rows - 1) // rows,)](
-        x, x, w, y, y, n, c, c, c, c, c, 1e-6,
-        HAS_RESIDUAL=False, HAS_WEIGHT=True, ROWS=rows, BLOCK_N=block, num_warps=warps,
+        x, x, w, x, y, y, n, c, c, c, c, c, 1e-6,
+        CENTER=False, HAS_RESIDUAL=False, HAS_WEIGHT=True, HAS_BIAS=False, ROWS=rows, BLOCK_N=block, num_warps=warps,
     )  # fmt: skip
 
 
@@ -52,7 +52,7 @@ def sweep(kernel, r: int, c: int) -> None:
 
 
 def main() -> int:
-    kernel = _rms_norm_fwd_kernel()
+    kernel = _row_norm_fwd_kernel()
     print("shape,rows,warps,us,tbps")
     for r, c in SHAPES:
         sweep(kernel, r, c)

@@ -5,6 +5,9 @@
 
 Memory traffic per row of C elements: read x (and residual), write y (and s), read w once per program;
 so 2·C·bytes (4·C·bytes fused). Accumulation is in float32 whatever the input dtype.
+
+The kernel is LayerNorm's too (`layer_norm.py`): with CENTER it normalizes the row minus its mean, and
+HAS_BIAS adds b after the weight.
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ from fullgraph.kernels._library import as_rows, kernel_op, launch, require_trito
 
 
 @functools.cache
-def _rms_norm_fwd_kernel():
+def _row_norm_fwd_kernel():
     triton, tl = require_triton()
 
     @triton.jit
     def kernel(
-        X, R, W, Y, S,
+        X, R, W, B, Y, S,
         n_rows, n_cols, stride_x, stride_r, stride_y, stride_s, eps,
-        HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+        CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
         cols = tl.arange(0, BLOCK_N)[None, :]
@@ -36,17 +40,29 @@ def _rms_norm_fwd_kernel():
             x = (x + tl.load(R + rows * stride_r + cols, mask=mask, other=0.0)).to(S.dtype.element_ty)
             tl.store(S + rows * stride_s + cols, x, mask=mask)
             x = x.to(tl.float32)
+        if CENTER:  # LayerNorm: the biased variance is the mean square of the centered row
+            x = tl.where(mask, x - (tl.sum(x, axis=1) / n_cols)[:, None], 0.0)
         # eps arrives as fp32 from a direct launch but fp64 from Inductor's wrapper; fp32 either way
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + tl.cast(eps, tl.float32))
         y = x * rstd[:, None]
         if HAS_WEIGHT:
             y *= tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(B + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         tl.store(Y + rows * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
     return kernel
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+def launch_row_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    center: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, s): the norm of s = x (+ residual) over the last dim; s is y itself when there is no residual."""
     x2 = as_rows(x)
     r2 = as_rows(residual) if residual is not None else x2
     n_rows, n_cols = x2.shape
@@ -56,11 +72,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor
     if n_rows:
         block_n, rows, num_warps = row_launch_config(n_cols, n_rows)
         grid = ((n_rows + rows - 1) // rows,)
-        launch(_rms_norm_fwd_kernel())[grid](
-            x2, r2, weight if weight is not None else x2, y, s,
+        launch(_row_norm_fwd_kernel())[grid](
+            x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s,
             n_rows, n_cols, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
-            HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-            ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
+            CENTER=center, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+            HAS_BIAS=bias is not None, ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
         )  # fmt: skip
     return y_out, s_out
 
@@ -76,7 +92,7 @@ def _fake_residual(x, residual, weight, eps):
 @kernel_op("rms_norm", fake=_fake)
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension. Inputs are checked by `fullgraph.ops.rms_norm`."""
-    return _launch(x, weight, None, eps)[0]
+    return launch_row_norm(x, weight, None, None, eps, center=False)[0]
 
 
 @kernel_op("rms_norm_residual", fake=_fake_residual)
@@ -84,4 +100,4 @@ def rms_norm_residual_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual) in one pass."""
-    return _launch(x, weight, residual, eps)
+    return launch_row_norm(x, weight, None, residual, eps, center=False)
