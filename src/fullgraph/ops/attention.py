@@ -16,9 +16,8 @@ from torch import nn
 from fullgraph.errors import UsageError
 from fullgraph.ops import attention_backends as _backends
 from fullgraph.ops.attention_backends import BACKENDS, run_backend, serve_reason, spec_of
-from fullgraph.ops.custom_op import count_trace
+from fullgraph.ops.custom_op import record
 from fullgraph.ops.norms import RMSNorm
-from fullgraph.ops.policies import counters
 from fullgraph.ops.rope import RotaryEmbedding, check_layout
 
 __all__ = ["BACKENDS", "Attention", "attention", "attention_choice"]
@@ -125,10 +124,7 @@ def _resolve(q, k, v, attn_mask, causal: bool, scale: float, backend: str) -> st
         why = serve_reason(backend, *spec)
         if why:
             raise UsageError(f"backend {backend!r} cannot serve these inputs: {why}; or use backend='auto'")
-    if compiling:
-        count_trace("attention", backend)
-    else:
-        counters[("attention", "eager", backend)] += 1
+    record("attention", backend, compiling)
     return backend
 
 

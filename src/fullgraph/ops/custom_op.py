@@ -48,19 +48,26 @@ def choose(op: str, instance_policy: str | None, device: torch.device, compiling
 
 def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: dict | None = None) -> str:
     """`choose` for one call, counted in `policy.counters`; eager choices are cached per device in `cache`."""
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if compiling:
         impl = choose(op, instance_policy, device, True)
-        count_trace(op, impl)
-        return impl
-    if cache is None:
+    elif cache is None:
         impl = choose(op, instance_policy, device, False)
     else:
         key = (device.type, version(), instance_policy)
         impl = cache.get(key)
         if impl is None:
             impl = cache[key] = choose(op, instance_policy, device, False)
-    counters[(op, "eager", impl)] += 1
+    record(op, impl, compiling)
     return impl
+
+
+def record(op: str, impl: str, compiling: bool) -> None:
+    """Count one call of `op` running `impl` in `counters`: ("eager", per call) or ("compiled", per trace)."""
+    if compiling:
+        count_trace(op, impl)
+    else:
+        counters[(op, "eager", impl)] += 1
 
 
 @torch.compiler.assume_constant_result
