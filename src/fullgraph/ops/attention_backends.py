@@ -33,6 +33,7 @@ from fullgraph import env
 from fullgraph._files import write_atomic
 from fullgraph.kernels._library import call_kernel
 from fullgraph.ops._autograd import backward_from_native
+from fullgraph.ops.custom_op import kernel_runs_on
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +159,8 @@ def serve_reason(backend: str, *spec) -> str:
         return "it takes no attn_mask: drop the mask (causal=True covers causal masks)"
     if s.causal and cap.causal_square_only and not s.square:
         return "it supports causal=True only when q and k have the same length"
-    if backend == "triton":
-        ok, why = env.triton_runs_on(s.device_type)
-        if not ok:
-            return f"Triton kernels cannot run here: {why}"
+    if backend == "triton" and not kernel_runs_on(s.device_type):  # cached: this runs on every eager call
+        return f"Triton kernels cannot run here: {env.triton_runs_on(s.device_type)[1]}"
     if cap.min_capability is not None and s.device_type == "cuda":
         have = env.cuda_capability(s.device_index)
         if have is None or have < cap.min_capability:
