@@ -1,9 +1,10 @@
 """Sweep launch configurations of our Triton flash-attention kernel against SDPA's sub-backends on the GPU.
 
 Used to choose `fullgraph.kernels.flash_attention.config`. Each candidate (BLOCK_M, BLOCK_N, warps, stages,
-TMA loads) is checked against SDPA's output, then timed with CUDA-graph replay beside the
+TMA loads, warp-specialized key loop) is checked against SDPA's output, then timed with CUDA-graph replay beside the
 SDPA sub-backends on the same inputs; causal is swept over the best non-causal candidates only.
-`--short`: only the tiles `config` picks.
+`--short`: only the tiles `config` picks. `--ws`: head dim 128 only, TMA tiles with and without warp
+specialization side by side.
 Run: PYTHONPATH=src python3 benchmarks/tune_attention.py > tune_attention.csv  (lines starting # are the summary)
 """
 
@@ -29,6 +30,8 @@ TILES = {
          (128, 128, 4, 3), (64, 64, 4, 3)],
 }  # fmt: skip
 SHORT_TILES = {128: [(128, 64, 4, 2, True), (64, 64, 4, 3, False)], 64: [(128, 64, 4, 2, False), (64, 64, 4, 3, False)]}
+WS_TILES = [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2), (128, 128, 4, 3), (128, 64, 8, 2), (128, 128, 8, 2),
+            (256, 64, 8, 2), (256, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 2)]  # fmt: skip
 
 
 def time_ms(fn) -> float:
@@ -80,9 +83,14 @@ def main() -> int:
     def print_row(shape, causal, name, ms, rate, err):
         print(f"{'x'.join(map(str, shape))},{causal},{name},{ms * 1e3:.1f},{rate:.1f},{err:.2e}", flush=True)
 
-    short = "--short" in sys.argv
+    short, ws = "--short" in sys.argv, "--ws" in sys.argv
     for d, shapes in SHAPES.items():
-        tiles = SHORT_TILES[d] if short else [(*t, tma) for t in TILES[d] for tma in (False, True)]
+        if ws and d != 128:
+            continue
+        if ws:
+            tiles = [(*t, True, on) for t in WS_TILES for on in (False, True)]
+        else:
+            tiles = SHORT_TILES[d] if short else [(*t, tma) for t in TILES[d] for tma in (False, True)]
         candidates = [fa.Config(*t) for t in tiles]
         score: dict = {}
         seen: dict = {}

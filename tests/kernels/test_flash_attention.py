@@ -59,12 +59,13 @@ def test_matches_float64(triton_device, dtype, seq, head_dim, causal):
     check(*qkv(triton_device, dtype, nq=seq, nk=seq, d=head_dim), causal)
 
 
-@pytest.mark.parametrize("tma", [False, True])
-def test_every_kernel_variant(triton_device, monkeypatch, tma):
-    """Tensor-descriptor loads are a launch option: they must give the same numbers (TMA needs a Hopper GPU;
-    elsewhere, and for unaligned strides, the launcher uses pointer loads)."""
+@pytest.mark.parametrize("tma, ws", [(False, False), (True, False), (True, True)])
+def test_every_kernel_variant(triton_device, monkeypatch, tma, ws):
+    """Tensor-descriptor loads and a warp-specialized key loop are launch options: they must give the same
+    numbers (TMA needs a Hopper GPU; elsewhere, and for unaligned strides, the launcher uses pointer loads)."""
     small = triton_device == "cpu"
-    monkeypatch.setattr(fa, "override", fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma))
+    cfg = fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma, ws)
+    monkeypatch.setattr(fa, "override", cfg)
     dtype = torch.float16
     for nq, nk, d, causal, hkv in [(77, 77, 80, True, 1), (45, 130, 64, False, 2), (200, 200, 64, True, 2)]:
         check(*qkv(triton_device, dtype, b=2, hq=2, hkv=hkv, nq=nq, nk=nk, d=d), causal)

@@ -84,11 +84,11 @@ def cases():
     yield "rope", lambda: rope.rope_fwd.launcher(q, cos, cos, False, 2)
     yield "modulate", lambda: modulate.modulate_fwd.launcher(x, shift, shift)
     yield "gated_residual", lambda: modulate.gated_residual_fwd.launcher(x, x, shift)
-    for tma in (False, True):
+    for tma, ws in ((False, False), (True, False), (True, True)):
         for causal in (False, True):
-            cfg = fa.Config(128, 64, 4, 2, tma)
+            cfg = fa.Config(128, 64, 4, 2, tma, ws)
             yield (
-                f"flash_attention tma={int(tma)} causal={int(causal)}",
+                f"flash_attention tma={int(tma)} ws={int(ws)} causal={int(causal)}",
                 lambda c=cfg, causal=causal: _with_config(c, q, kv, causal),
             )
 

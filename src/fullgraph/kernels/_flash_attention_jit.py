@@ -99,9 +99,13 @@ def _fold(
 @triton.jit
 def _attend(acc, l_i, m_i, q, K, V, lo, hi, offs_m, n_kv, stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
             MASKED: tl.constexpr, CAUSAL: tl.constexpr, NEG_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold the key blocks starting at lo, lo + BLOCK_N, .. below hi into (acc, l, m)."""
-    for start_n in range(lo, hi, BLOCK_N):
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            WARP_SPECIALIZE: tl.constexpr):
+    """Fold the key blocks starting at lo, lo + BLOCK_N, .. below hi into (acc, l, m).
+
+    WARP_SPECIALIZE asks Triton to split the loop between producer warps (the loads) and consumer warps (the
+    products and the softmax), so the loads of the next blocks run beside this block's math."""
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         s = _scores(q, K, start_n, n_kv, stride_kn, stride_kd, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA,
                     DOT_PRECISION)
         acc, l_i, m_i = _fold(acc, l_i, m_i, s, V, start_n, offs_m, n_kv, stride_vn, stride_vd, qk_scale, MASKED,
@@ -145,6 +149,7 @@ def flash_attention_fwd_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     # Inductor's wrapper passes Python floats as fp64 (a direct launch as fp32): fp64 here would turn the
     # running max and sum into fp64 and break the loop's types
@@ -193,10 +198,10 @@ def flash_attention_fwd_kernel(
     # fmt: off
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, 0, n_full, offs_m, n_kv, stride_kn, stride_kd, stride_vn,
                             stride_vd, qk_scale, False, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA,
-                            DOT_PRECISION)
+                            DOT_PRECISION, WARP_SPECIALIZE)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, n_full, hi, offs_m, n_kv, stride_kn, stride_kd, stride_vn,
                             stride_vd, qk_scale, True, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA,
-                            DOT_PRECISION)
+                            DOT_PRECISION, False)
     # fmt: on
 
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)

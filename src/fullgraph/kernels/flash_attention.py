@@ -46,13 +46,16 @@ def _flash_attention_fwd_kernel():
 
 class Config(NamedTuple):
     """One launch configuration. `tma`: load q/k/v and store out through tensor descriptors (Hopper's TMA unit;
-    used only when every base and row stride is 16-byte aligned)."""
+    used only when every base and row stride is 16-byte aligned). `ws`: warp-specialize the unmasked key loop
+    (producer warps load, consumer warps compute); only with `tma`, as Triton's Hopper pass needs descriptor
+    loads."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     tma: bool = False
+    ws: bool = False
 
 
 # Set by benchmarks/tune_attention.py to time a candidate; None uses `config`.
@@ -174,6 +177,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         # fp32 inputs: exact fp32 products rather than TF32's 10-bit mantissa (slower: no tensor cores)
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma,
+        WARP_SPECIALIZE=tma and cfg.ws,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
