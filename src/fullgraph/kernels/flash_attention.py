@@ -177,7 +177,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         # fp32 inputs: exact fp32 products rather than TF32's 10-bit mantissa (slower: no tensor cores)
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma,
-        WARP_SPECIALIZE=tma and cfg.ws,
+        WARP_SPECIALIZE=tma and cfg.ws, MASKED_TAIL=causal or nk % cfg.block_n != 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
