@@ -64,7 +64,7 @@ def test_every_kernel_variant(triton_device, monkeypatch, tma, ws):
     """Tensor-descriptor loads and a warp-specialized key loop are launch options: they must give the same
     numbers (TMA needs a Hopper GPU; elsewhere, and for unaligned strides, the launcher uses pointer loads)."""
     small = triton_device == "cpu"
-    cfg = fa.Config(32 if small else 128, 16 if small else 64, 4, 1 if small else 3, tma, ws)
+    cfg = fa.Config(32, 16, 4, 1, tma, ws) if small else fa.Config(128, 128 if ws else 64, 4, 2 if ws else 3, tma, ws)
     monkeypatch.setattr(fa, "override", cfg)
     dtype = torch.float16
     # 128 keys fill whole key blocks: no masked tail loop (and the only loop is the warp-specialized one)

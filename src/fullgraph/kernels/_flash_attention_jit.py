@@ -197,13 +197,20 @@ def flash_attention_fwd_kernel(
         n_full = n_kv - n_kv % BLOCK_N
         hi = n_kv
     # fmt: off
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, 0, n_full, offs_m, n_kv, stride_kn, stride_kd, stride_vn,
-                            stride_vd, qk_scale, False, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA,
-                            DOT_PRECISION, WARP_SPECIALIZE)
-    if MASKED_TAIL:  # compiled out when no key block needs a mask (Triton's Hopper warp specialization wants one loop)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, n_full, hi, offs_m, n_kv, stride_kn, stride_kd,
-                                stride_vn, stride_vd, qk_scale, True, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D,
+    if WARP_SPECIALIZE:
+        # one loop, as Triton's Hopper warp specialization needs (it fails to compile two): every key block takes
+        # the mask when any needs one
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, 0, hi, offs_m, n_kv, stride_kn, stride_kd, stride_vn,
+                                stride_vd, qk_scale, MASKED_TAIL, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D,
+                                USE_TMA, DOT_PRECISION, True)
+    else:
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, 0, n_full, offs_m, n_kv, stride_kn, stride_kd,
+                                stride_vn, stride_vd, qk_scale, False, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D,
                                 USE_TMA, DOT_PRECISION, False)
+        if MASKED_TAIL:  # compiled out when every key block is whole and none crosses the causal diagonal
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, n_full, hi, offs_m, n_kv, stride_kn, stride_kd,
+                                    stride_vn, stride_vd, qk_scale, True, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N,
+                                    BLOCK_D, USE_TMA, DOT_PRECISION, False)
     # fmt: on
 
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)

@@ -62,14 +62,18 @@ class Config(NamedTuple):
 override: Config | None = None
 
 
-def config(head_dim: int, dtype: torch.dtype, n_q: int, batch_heads: int) -> Config:
-    """The launch configuration for a problem (BLOCK_M is a multiple of BLOCK_N: see the kernel).
+def config(
+    head_dim: int, dtype: torch.dtype, n_q: int, batch_heads: int, tma: bool = False, ws: bool = False
+) -> Config:
+    """The launch configuration for a problem (BLOCK_M is a multiple of BLOCK_N: see the kernel). `tma`: tensor
+    descriptors can address the inputs (`_tma_fits`); `ws`: warp specialization was measured to work here
+    (`_ws_measured`).
 
-    From the H200 sweep in benchmarks/results/tune_attention_h200.csv (bf16; `benchmarks/tune_attention.py`):
-    head dim 128 runs best with 128-query tiles, 4 warps and TMA loads (519 TFLOP/s at 1x24x16384; 400
-    without TMA) when the grid has at least ~8 waves of programs; with fewer (1x24x4096: 768 programs on 132
-    SMs) 64-query tiles fill the GPU better (517 against 509). Head dim 64 prefers 64-query tiles except on
-    short sequences (ViT's 197 tokens: 128-query tiles, 122 against 98 TFLOP/s).
+    From the H200 sweeps in benchmarks/results/tune_attention_*h200.csv (bf16; `benchmarks/tune_attention.py`):
+    head dim 128 with TMA runs best as 128x128 tiles, 4 warps and a warp-specialized key loop (565 TFLOP/s at
+    1x24x4096, 569 at 16384; without warp specialization that tile spills, 258). Without TMA: 128-query tiles
+    when the grid has at least ~8 waves of programs, else 64-query tiles fill the GPU better. Head dim 64
+    prefers 64-query tiles except on short sequences (ViT's 197 tokens: 128-query tiles, 122 against 98).
     """
     if override is not None:
         return override
@@ -82,9 +86,24 @@ def config(head_dim: int, dtype: torch.dtype, n_q: int, batch_heads: int) -> Con
     if head_dim <= 64:
         return Config(128, 64, 4, 2) if n_q <= 256 else Config(64, 64, 4, 3)
     if head_dim <= 128:
+        if tma and ws:
+            return WS_TILE
         many = -(-n_q // 128) * batch_heads >= 1024
         return Config(128, 64, 4, 2, tma=True) if many else Config(64, 64, 4, 3)
     return Config(64, 32, 8, 2)
+
+
+# Measured correct and fastest with Triton 3.6 on the H200; num_stages=3 with warp specialization gave NaNs there
+WS_TILE = Config(128, 128, 4, 2, tma=True, ws=True)
+
+
+@functools.cache
+def _ws_measured(capability: tuple[int, int] | None) -> bool:
+    """Triton's warp specialization on Hopper was measured with Triton 3.6 only: older releases, and other GPU
+    generations (whose warp specialization is a different compiler path), keep the plain loop."""
+    version = env.triton_version() or "0"
+    major_minor = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    return capability is not None and capability[0] == 9 and major_minor >= (3, 6)
 
 
 def _tma_fits(*tensors: torch.Tensor) -> bool:
@@ -164,8 +183,10 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     kernel = _flash_attention_fwd_kernel()  # first, so a missing triton raises its clear error
     import triton
 
-    cfg = config(d, q.dtype, nq, b * hq)
-    tma = cfg.tma and _tma_fits(q, k, v, out)
+    tma_fits = _tma_fits(q, k, v, out)
+    ws = tma_fits and not env.triton_interpret() and _ws_measured(env.cuda_capability(q.device))
+    cfg = config(d, q.dtype, nq, b * hq, tma_fits, ws)
+    tma = cfg.tma and tma_fits
     if tma and not env.triton_interpret():
         triton.set_allocator(_scratch)
     grid = (triton.cdiv(nq, cfg.block_m), b * hq)
