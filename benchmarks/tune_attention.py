@@ -3,8 +3,10 @@
 Used to choose `fullgraph.kernels.flash_attention.config`. Each candidate (BLOCK_M, BLOCK_N, warps, stages,
 TMA loads, warp-specialized key loop) is checked against SDPA's output, then timed with CUDA-graph replay beside the
 SDPA sub-backends on the same inputs; causal is swept over the best non-causal candidates only.
-`--short`: only the tiles `config` picks. `--ws`: head dim 128 only, TMA tiles with and without warp
-specialization side by side.
+`--short`: only the tiles `config` picks. `--ws`: TMA tiles with and without warp specialization side by
+side, then a stress test of the chosen tile. `--versus`: the default configuration against torch's SDPA
+called directly (cuDNN, flash) and through fullgraph's "sdpa-cudnn" op, interleaved over several rounds (SDPA's
+cuDNN speed moves between runs), then the stress test.
 Run: PYTHONPATH=src python3 benchmarks/tune_attention.py > tune_attention.csv  (lines starting # are the summary)
 """
 
@@ -91,6 +93,10 @@ def main() -> int:
         print(f"{'x'.join(map(str, shape))},{causal},{name},{ms * 1e3:.1f},{rate:.1f},{err:.2e}", flush=True)
 
     short, ws = "--short" in sys.argv, "--ws" in sys.argv
+    if "--versus" in sys.argv:
+        versus()
+        stress(fa.WS_TILE)
+        return 0
     for d, shapes in (WS_SHAPES if ws else SHAPES).items():
         if ws:
             tiles = [(*t, True, on) for t in WS_TILES for on in (False, True)]
@@ -116,6 +122,45 @@ def main() -> int:
         stress(fa.WS_TILE)
     compiled_check()
     return 0
+
+
+def versus(rounds=5):
+    """Median over interleaved rounds of each contender's rate, and of our kernel's ratio to raw cuDNN."""
+    for b, h, n, d in SHAPES[128]:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for causal in (False, True):
+            _versus_point(q, k, v, causal, rounds)
+
+
+def _versus_point(q, k, v, causal, rounds):
+    from fullgraph.ops.attention import attention
+
+    b, h, n, d = q.shape
+
+    def sdpa(backend):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    contenders = {
+        "sdpa-cudnn raw": lambda: sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa-flash raw": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
+        "fullgraph sdpa-cudnn op": lambda: attention(q, k, v, causal=causal, backend="sdpa-cudnn"),
+        "ours": lambda: fa.flash_attention_fwd(q, k, v, causal, 1 / math.sqrt(d)),
+    }
+    times = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            times[name].append(time_ms(fn))
+    flops = attention_flops(b, h, n, n, d, causal)
+    ratios = sorted(c / o for c, o in zip(times["sdpa-cudnn raw"], times["ours"], strict=True))
+    med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    print(
+        f"# versus {b}x{h}x{n}x{d} causal={causal}: "
+        + ", ".join(f"{name} {tflops(flops, ms):.0f}" for name, ms in med.items())
+        + f" TFLOP/s; ours / cuDNN raw per round: median {ratios[len(ratios) // 2]:.3f}x, "
+        f"{ratios[0]:.3f}-{ratios[-1]:.3f}x over {rounds} rounds",
+        flush=True,
+    )
 
 
 def stress(cfg, repeats=5):

@@ -75,6 +75,56 @@ def test_every_kernel_variant(triton_device, monkeypatch, tma, ws):
     check(*growing_logits(triton_device, dtype), causal=True)
 
 
+def test_causal_calls_are_never_warp_specialized(triton_device, monkeypatch):
+    """Triton 3.6 gave wrong causal outputs with warp specialization on the H200: even a configuration that asks
+    for it must launch the plain loop when causal."""
+    launched = []
+    real = fa.launch
+
+    class Recording:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(kwargs) or real(self.kernel)[grid](*args, **kwargs)
+
+    monkeypatch.setattr(fa, "launch", Recording)
+    monkeypatch.setattr(fa, "override", fa.Config(32, 16, 4, 1, True, True))
+    for causal in (False, True):
+        check(*qkv(triton_device, torch.float16, nq=64, nk=64), causal)
+    assert [kw["WARP_SPECIALIZE"] for kw in launched] == [True, False]
+
+
+@pytest.mark.parametrize(
+    "causal, n_k, tma, device, measured, expected",
+    [
+        (False, 4096, True, "cuda", True, True),
+        (True, 4096, True, "cuda", True, False),  # wrong outputs when causal
+        (False, 4000, True, "cuda", True, False),  # a partial key block: every block masked, slower
+        (False, 4096, False, "cuda", True, False),  # no tensor descriptors
+        (False, 4096, True, "cuda", False, False),  # another GPU generation or an older Triton
+        (False, 4096, True, "cpu", True, False),
+    ],
+)
+def test_the_warp_specialized_tile_serves_only_where_measured(
+    monkeypatch, causal, n_k, tma, device, measured, expected
+):
+    monkeypatch.setattr(fa, "_ws_measured", lambda capability: measured)
+    assert fa._ws_fits(causal, n_k, tma, torch.device(device)) is expected
+
+
+def test_ws_measured_needs_hopper_and_triton_3_6(monkeypatch):
+    fa._ws_measured.cache_clear()
+    monkeypatch.setattr(fa.env, "triton_version", lambda: "3.6.0")
+    try:
+        assert fa._ws_measured((9, 0)) and not fa._ws_measured((10, 0)) and not fa._ws_measured(None)
+        fa._ws_measured.cache_clear()
+        monkeypatch.setattr(fa.env, "triton_version", lambda: "3.5.1")
+        assert not fa._ws_measured((9, 0))
+    finally:
+        fa._ws_measured.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fewer_queries_than_keys(triton_device, dtype):
     skip_bf16_on_cpu(triton_device, dtype)

@@ -199,7 +199,9 @@ def flash_attention_fwd_kernel(
     # fmt: off
     if WARP_SPECIALIZE:
         # one loop, as Triton's Hopper warp specialization needs (it fails to compile two): every key block takes
-        # the mask when any needs one
+        # the mask when any needs one. Never causal: Triton 3.6 splits the query rows between consumer warp
+        # groups and got the causal mask wrong there
+        tl.static_assert(not CAUSAL, "the warp-specialized loop is for non-causal attention only")
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_src, v_src, 0, hi, offs_m, n_kv, stride_kn, stride_kd, stride_vn,
                                 stride_vd, qk_scale, MASKED_TAIL, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D,
                                 USE_TMA, DOT_PRECISION, True)

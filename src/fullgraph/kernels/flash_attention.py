@@ -93,8 +93,19 @@ def config(
     return Config(64, 32, 8, 2)
 
 
-# Measured correct and fastest with Triton 3.6 on the H200; num_stages=3 with warp specialization gave NaNs there
+# Measured correct and fastest with Triton 3.6 on the H200 (results/tune_attention_ws_h200.csv). There, with
+# warp specialization, num_stages=3 gave NaNs and causal masking gave wrong outputs (relative error 0.19): the
+# launcher never warp-specializes a causal call, and `config` picks this tile only through `_ws_fits`.
 WS_TILE = Config(128, 128, 4, 2, tma=True, ws=True)
+
+
+def _ws_fits(causal: bool, n_k: int, tma_fits: bool, device: torch.device) -> bool:
+    """Whether the warp-specialized tile may serve: TMA loads, not causal, whole key blocks (with a partial one
+    every block takes the mask, and that measured slower than the plain kernel: 481 against 491 TFLOP/s at
+    1x24x4000x128), on a GPU and Triton where it was measured."""
+    if not tma_fits or causal or n_k % WS_TILE.block_n or device.type != "cuda":
+        return False
+    return _ws_measured(env.cuda_capability(device))
 
 
 @functools.cache
@@ -184,8 +195,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     import triton
 
     tma_fits = _tma_fits(q, k, v, out)
-    ws = tma_fits and not env.triton_interpret() and _ws_measured(env.cuda_capability(q.device))
-    cfg = config(d, q.dtype, nq, b * hq, tma_fits, ws)
+    cfg = config(d, q.dtype, nq, b * hq, tma_fits, _ws_fits(causal, nk, tma_fits, q.device))
     tma = cfg.tma and tma_fits
     if tma and not env.triton_interpret():
         triton.set_allocator(_scratch)
@@ -198,7 +208,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         # fp32 inputs: exact fp32 products rather than TF32's 10-bit mantissa (slower: no tensor cores)
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma,
-        WARP_SPECIALIZE=tma and cfg.ws, MASKED_TAIL=causal or nk % cfg.block_n != 0,
+        WARP_SPECIALIZE=tma and cfg.ws and not causal, MASKED_TAIL=causal or nk % cfg.block_n != 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
