@@ -110,6 +110,22 @@ def test_bsnd_output_is_contiguous_without_input_copies():
     assert out.shape == q.shape and out.is_contiguous()
 
 
+@pytest.mark.parametrize("q_order", ["bnsd", "bsnd"])
+@pytest.mark.parametrize("out_order", ["bnsd", "bsnd"])
+def test_cudnn_output_keeps_q_memory_order_as_its_fake_promises(q_order, out_order):
+    """The sdpa-cudnn op returns q's memory order (no copy when cuDNN already wrote it so) with the strides
+    its fake states, whatever order the library hands back."""
+    from fullgraph.ops.attention_backends import _fake_like_q, _q_memory
+
+    b, h, n, d = 2, 3, 5, 8
+    q = torch.randn(b, h, n, d) if q_order == "bnsd" else torch.randn(b, n, h, d).transpose(1, 2)
+    out = torch.randn(b, h, n, d) if out_order == "bnsd" else torch.randn(b, n, h, d).transpose(1, 2)
+    kept = _q_memory(out, q)
+    assert torch.equal(kept, out)
+    assert kept.stride() == _fake_like_q(q, q, q, None, False, 1.0).stride()
+    assert (kept.data_ptr() == out.data_ptr()) == (q_order == out_order)
+
+
 def _bad(**changes):
     q = torch.randn(2, 4, 8, 16)
     kv = torch.randn(2, 2, 8, 16)

@@ -1,8 +1,9 @@
 """Attention backends: each a registered torch op, a capability table, and the cached "auto" choice.
 
 Every backend takes q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D] (any strides with a unit last-dim stride) and
-returns [B, Hq, Nq, D]; ours are laid out in memory as [B, Nq, Hq, D] (SDPA's and flash_attn's natural
-layout, contiguous for a "bsnd" caller), so each op's fake states the real strides. Each is opaque to
+returns [B, Hq, Nq, D], laid out in memory as [B, Nq, Hq, D] (SDPA flash's and flash_attn's natural layout,
+contiguous for a "bsnd" caller), except "sdpa-cudnn", which keeps q's memory order as cuDNN writes it, and
+"triton" ([B, Hq, Nq, D] contiguous); each op's fake states the real strides. Each is opaque to
 torch.compile (a `custom_op` with a fake), so its body may enter `sdpa_kernel` or import a third-party
 package without breaking the graph; "triton" is `torch.ops.fullgraph.flash_attention`, which Inductor traces
 into on a GPU.
@@ -176,12 +177,21 @@ def _bsnd_memory(out: torch.Tensor) -> torch.Tensor:
     return out.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def _stored_bsnd(q: torch.Tensor) -> bool:
+    return q.stride(1) < q.stride(2)
+
+
+def _q_memory(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """out stored in q's order, [B, N, H, D] or [B, H, N, D] (what `_fake_like_q` promises); a no-op when it is."""
+    return _bsnd_memory(out) if _stored_bsnd(q) else out.contiguous()
+
+
 def _expand_kv(q, k, v):
     """k and v with q's head count, stored in q's layout ([B, N, H, D] or [B, H, N, D] in memory)."""
     rep = q.shape[1] // k.shape[1]
     if rep == 1:
         return k, v
-    if q.stride(1) < q.stride(2):  # q is stored [B, N, H, D]: build the copies that way too (cuDNN wants one layout)
+    if _stored_bsnd(q):  # q is stored [B, N, H, D]: build the copies that way too (cuDNN wants one layout)
         return tuple(t.transpose(1, 2).repeat_interleave(rep, dim=2).transpose(1, 2) for t in (k, v))
     return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
@@ -192,7 +202,10 @@ def attention_native(q, k, v, attn_mask, causal: bool, scale: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
 
 
-def _sdpa(enum_name: str, gqa_native: bool):
+def _sdpa(enum_name: str, gqa_native: bool, out_like_q: bool = False):
+    """`out_like_q`: the output keeps q's memory order (cuDNN writes it so: forcing [B, N, H, D] cost a copy,
+    10% of the call at 1x24x4096x128 on the H200); otherwise [B, N, H, D] (flash's and efficient's own)."""
+
     def impl(q, k, v, attn_mask, causal, scale):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -201,7 +214,7 @@ def _sdpa(enum_name: str, gqa_native: bool):
             k, v = _expand_kv(q, k, v)
         with sdpa_kernel([getattr(SDPBackend, enum_name)]):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale, **extra)
-        return _bsnd_memory(out)
+        return _q_memory(out, q) if out_like_q else _bsnd_memory(out)
 
     return impl
 
@@ -230,9 +243,14 @@ def _fake(q, k, v, attn_mask, causal, scale):
     return q.new_empty(b, n, h, d).transpose(1, 2)
 
 
-def _register(name: str, impl: Callable):
+def _fake_like_q(q, k, v, attn_mask, causal, scale):
+    b, h, n, d = q.shape
+    return _fake(q, k, v, attn_mask, causal, scale) if _stored_bsnd(q) else q.new_empty(b, h, n, d)
+
+
+def _register(name: str, impl: Callable, fake: Callable = _fake):
     op = torch.library.custom_op(f"fullgraph::{name}", impl, mutates_args=(), schema=_SCHEMA)
-    op.register_fake(_fake)
+    op.register_fake(fake)
     op.launcher = impl  # for `call_kernel`'s eager fast path
     backward_from_native(op, attention_native)
     return op
@@ -241,7 +259,7 @@ def _register(name: str, impl: Callable):
 OPS = {
     "sdpa-flash": _register("sdpa_flash", _sdpa("FLASH_ATTENTION", gqa_native=True)),
     "sdpa-efficient": _register("sdpa_efficient", _sdpa("EFFICIENT_ATTENTION", gqa_native=False)),
-    "sdpa-cudnn": _register("sdpa_cudnn", _sdpa("CUDNN_ATTENTION", gqa_native=False)),
+    "sdpa-cudnn": _register("sdpa_cudnn", _sdpa("CUDNN_ATTENTION", gqa_native=False, out_like_q=True), _fake_like_q),
     "sdpa-math": _register("sdpa_math", _sdpa("MATH", gqa_native=True)),
     "flash_attn": _register("flash_attn_2", _flash_attn("flash_attn")),
     "flash_attn_3": _register("flash_attn_3", _flash_attn("flash_attn_interface")),
