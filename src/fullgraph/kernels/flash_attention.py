@@ -11,7 +11,8 @@ the accumulator are rescaled by exp(m_old - m_new). Scores are kept in log2 unit
 once, and fused with the max subtraction) so each element costs one FMA and one exp2. The keys split into a
 range needing no mask (every key exists and, when causal, precedes the whole query block) and a short masked
 tail (the last partial block, the causal diagonal). On Hopper, loads and the store can go through tensor
-descriptors (TMA). The Triton code is in `_flash_attention_jit.py`; measured speed in
+descriptors (TMA), and a non-causal call over whole key blocks runs one warp-specialized loop (producer warps
+load while consumer warps compute: `WS_TILE`). The Triton code is in `_flash_attention_jit.py`; measured speed in
 docs/attention-benchmark.md.
 
 FLOPs: 4·B·Hq·Nq·Nk·D (two matmuls), about half that when causal. Memory traffic: q read and out written once
