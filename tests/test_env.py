@@ -59,6 +59,55 @@ def test_sdpa_math_probe_always_works():
     assert p.ok and p.name == "sdpa-math"
 
 
+def _sdpa_flags() -> dict:
+    b = torch.backends.cuda
+    return {
+        "flash": b.flash_sdp_enabled(),
+        "efficient": b.mem_efficient_sdp_enabled(),
+        "cudnn": b.cudnn_sdp_enabled(),
+        "math": b.math_sdp_enabled(),
+    }
+
+
+@pytest.mark.parametrize("name", ["flash", "efficient", "cudnn", "math"])
+def test_only_sdpa_pins_one_backend_and_restores_the_flags(name):
+    torch.backends.cuda.enable_cudnn_sdp(False)  # a state other than the default, which must come back as it was
+    try:
+        before = _sdpa_flags()
+        with env.only_sdpa(name):
+            assert _sdpa_flags() == {n: n == name for n in before}
+        assert _sdpa_flags() == before
+        with pytest.raises(RuntimeError), env.only_sdpa(name):
+            raise RuntimeError("a backend refused")
+        assert _sdpa_flags() == before
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def test_only_sdpa_names_the_backends_it_knows():
+    from fullgraph.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"unknown SDPA sub-backend 'flashy'.*flash, efficient, cudnn, math"):
+        env.only_sdpa("flashy")
+
+
+def test_the_sdpa_ops_run_under_their_pinned_backend(monkeypatch):
+    """Each sdpa-* backend of `attention` calls SDPA with only its own sub-backend enabled."""
+    from fullgraph.ops.attention import attention
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(_sdpa_flags())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q = torch.randn(1, 2, 8, 16)
+    attention(q, q, q, backend="sdpa-math")
+    assert seen == [{"flash": False, "efficient": False, "cudnn": False, "math": True}]
+
+
 def test_report_fields_are_json_and_complete():
     r = env.collect(probe=False)
     d = r.to_dict()

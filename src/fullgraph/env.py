@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from fullgraph._version import __version__
+from fullgraph.errors import UsageError
 
 # Triton's own CUDA backend targets compute capability 8.0 and newer as its first-class path; older
 # chips miss bf16 and parts of the language we use.
@@ -187,27 +188,46 @@ EXTERNAL_ATTENTION = (
 )
 
 
-def _sdpa_backend_enum(name: str):
-    from torch.nn.attention import SDPBackend
+# SDPA sub-backend -> (its flag's getter, setter) in torch.backends.cuda (which govern CPU calls too)
+_SDPA_FLAGS = {
+    "flash": ("flash_sdp_enabled", "enable_flash_sdp"),
+    "efficient": ("mem_efficient_sdp_enabled", "enable_mem_efficient_sdp"),
+    "cudnn": ("cudnn_sdp_enabled", "enable_cudnn_sdp"),
+    "math": ("math_sdp_enabled", "enable_math_sdp"),
+}
 
-    return {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }[name]
+
+class only_sdpa:
+    """Within it, SDPA may use only the sub-backend `name` ("flash", "efficient", "cudnn", "math"); the flags
+    are restored on exit. `torch.nn.attention.sdpa_kernel` does the same through a generator context manager
+    and costs ~12 µs of host time per use here, against ~2 µs: it runs on every eager attention call."""
+
+    __slots__ = ("name", "saved")
+
+    def __init__(self, name: str):
+        if name not in _SDPA_FLAGS:
+            raise UsageError(f"unknown SDPA sub-backend {name!r}; use one of {', '.join(_SDPA_FLAGS)}")
+        self.name = name
+
+    def __enter__(self) -> None:
+        flags = torch.backends.cuda
+        self.saved = {n: getattr(flags, get)() for n, (get, _) in _SDPA_FLAGS.items()}
+        for n, (_, set_) in _SDPA_FLAGS.items():
+            getattr(flags, set_)(n == self.name)
+
+    def __exit__(self, *exc) -> None:
+        for n, (_, set_) in _SDPA_FLAGS.items():
+            getattr(torch.backends.cuda, set_)(self.saved[n])
 
 
 def probe_sdpa(backend: str, device: torch.device | str) -> Probe:
     """Run one small SDPA call with only `backend` allowed; usable means it ran and matched math."""
-    from torch.nn.attention import sdpa_kernel
-
     device = torch.device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     q, k, v = (torch.randn(1, 2, 64, 64, device=device, dtype=dtype) for _ in range(3))
     name = f"sdpa-{backend}"
     try:
-        with sdpa_kernel([_sdpa_backend_enum(backend)]), warnings.catch_warnings():
+        with only_sdpa(backend), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     except RuntimeError:  # torch explains why in warnings; the one-line answer is what matters here

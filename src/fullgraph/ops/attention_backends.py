@@ -4,7 +4,7 @@ Every backend takes q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D] (any strides with 
 returns [B, Hq, Nq, D], laid out in memory as [B, Nq, Hq, D] (SDPA flash's and flash_attn's natural layout,
 contiguous for a "bsnd" caller), except "sdpa-cudnn", which keeps q's memory order as cuDNN writes it, and
 "triton" ([B, Hq, Nq, D] contiguous); each op's fake states the real strides. Each is opaque to
-torch.compile (a `custom_op` with a fake), so its body may enter `sdpa_kernel` or import a third-party
+torch.compile (a `custom_op` with a fake), so its body may pin an SDPA sub-backend or import a third-party
 package without breaking the graph; "triton" is `torch.ops.fullgraph.flash_attention`, which Inductor traces
 into on a GPU.
 
@@ -202,17 +202,15 @@ def attention_native(q, k, v, attn_mask, causal: bool, scale: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
 
 
-def _sdpa(enum_name: str, gqa_native: bool, out_like_q: bool = False):
+def _sdpa(sub_backend: str, gqa_native: bool, out_like_q: bool = False):
     """`out_like_q`: the output keeps q's memory order (cuDNN writes it so: forcing [B, N, H, D] cost a copy,
     10% of the call at 1x24x4096x128 on the H200); otherwise [B, N, H, D] (flash's and efficient's own)."""
 
     def impl(q, k, v, attn_mask, causal, scale):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         extra = {"enable_gqa": True} if gqa_native and q.shape[1] != k.shape[1] else {}
         if not gqa_native:
             k, v = _expand_kv(q, k, v)
-        with sdpa_kernel([getattr(SDPBackend, enum_name)]):
+        with env.only_sdpa(sub_backend):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale, **extra)
         return _q_memory(out, q) if out_like_q else _bsnd_memory(out)
 
@@ -257,10 +255,10 @@ def _register(name: str, impl: Callable, fake: Callable = _fake):
 
 
 OPS = {
-    "sdpa-flash": _register("sdpa_flash", _sdpa("FLASH_ATTENTION", gqa_native=True)),
-    "sdpa-efficient": _register("sdpa_efficient", _sdpa("EFFICIENT_ATTENTION", gqa_native=False)),
-    "sdpa-cudnn": _register("sdpa_cudnn", _sdpa("CUDNN_ATTENTION", gqa_native=False, out_like_q=True), _fake_like_q),
-    "sdpa-math": _register("sdpa_math", _sdpa("MATH", gqa_native=True)),
+    "sdpa-flash": _register("sdpa_flash", _sdpa("flash", gqa_native=True)),
+    "sdpa-efficient": _register("sdpa_efficient", _sdpa("efficient", gqa_native=False)),
+    "sdpa-cudnn": _register("sdpa_cudnn", _sdpa("cudnn", gqa_native=False, out_like_q=True), _fake_like_q),
+    "sdpa-math": _register("sdpa_math", _sdpa("math", gqa_native=True)),
     "flash_attn": _register("flash_attn_2", _flash_attn("flash_attn")),
     "flash_attn_3": _register("flash_attn_3", _flash_attn("flash_attn_interface")),
     "sageattention": _register("sageattention", _sage),
