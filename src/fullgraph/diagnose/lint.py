@@ -19,6 +19,7 @@ import tokenize
 from collections.abc import Iterable
 
 from fullgraph.diagnose import rules as R
+from fullgraph.diagnose import syntax as S
 from fullgraph.diagnose.report import Finding
 from fullgraph.errors import FullgraphError, UsageError
 
@@ -26,64 +27,6 @@ _IGNORE = re.compile(r"#\s*fullgraph:\s*ignore(?:\[([^\]]*)\])?")
 _SCALAR = re.compile(r"(Optional\[)?(int|float|bool)(?(1)\]|( \| None)?)|None \| (int|float|bool)")
 _TENSOR = re.compile(r"(Optional\[)?(torch\.)?Tensor(?(1)\]|( \| None)?)|None \| (torch\.)?Tensor")
 Functions = (ast.FunctionDef, ast.AsyncFunctionDef)
-
-
-def _dotted(node: ast.expr, imports: dict[str, str]) -> str | None:
-    """`np.random.rand` -> "numpy.random.rand" when the root name was imported in the file, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name) or node.id not in imports:
-        return None
-    return ".".join([imports[node.id], *reversed(parts)])
-
-
-def _torch_returns_tensor(dotted: str) -> bool:
-    """torch.relu, F.relu, torch.ops.lib.op do; torch.is_tensor, torch.device, torch.nn.Linear, torch.cuda.* don't."""
-    namespace, name = dotted.rsplit(".", 1) if "." in dotted else ("", dotted)
-    return (
-        (namespace in R.TENSOR_NAMESPACES or dotted.startswith("torch.ops."))
-        and name[:1].islower()
-        and not name.startswith(("is_", "has_", "get_", "set_"))
-        and name not in R.NOT_TENSOR_TORCH
-    )
-
-
-def _annotation(p: ast.arg) -> str:
-    return ast.unparse(p.annotation).strip("'\"") if p.annotation else ""
-
-
-def _root(node: ast.expr) -> ast.expr:
-    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node
-
-
-def _names(target: ast.expr | None) -> list[str]:
-    match target:
-        case ast.Name(id=name):
-            return [name]
-        case ast.Tuple(elts=elts) | ast.List(elts=elts):
-            return [n for e in elts for n in _names(e)]
-        case ast.Starred(value=value):
-            return _names(value)
-    return []
-
-
-def _targets(node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> list[ast.expr]:
-    return node.targets if isinstance(node, ast.Assign) else [node.target]
-
-
-def _is_number(d: ast.expr | None) -> bool:
-    if isinstance(d, ast.UnaryOp) and isinstance(d.op, (ast.USub, ast.UAdd)):
-        d = d.operand
-    return isinstance(d, ast.Constant) and isinstance(d.value, (int, float))  # bool is an int too
-
-
-def _snippet(node: ast.AST) -> str:
-    text = " ".join(ast.unparse(node).split())
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Class:
@@ -95,8 +38,8 @@ class _Class:
                 case ast.Call(func=ast.Attribute(attr="register_buffer"), args=[ast.Constant(value=str(name)), *_]):
                     self.tensors.add(name)
                 case ast.Assign(value=ast.Call(func=func)):
-                    dotted = _dotted(func, imports) or ""
-                    if dotted.rsplit(".", 1)[-1] in ("Parameter", "Buffer") or _torch_returns_tensor(dotted):
+                    dotted = S.dotted(func, imports) or ""
+                    if dotted.rsplit(".", 1)[-1] in ("Parameter", "Buffer") or S.torch_returns_tensor(dotted):
                         self.tensors.update(t.attr for t in n.targets if isinstance(t, ast.Attribute))
 
     @staticmethod
@@ -121,15 +64,15 @@ class _Module:
         for node in tree.body:
             match node:
                 case ast.Assign(targets=targets, value=ast.Call(func=f)) if (
-                    _dotted(f, self.imports) == "logging.getLogger"
+                    S.dotted(f, self.imports) == "logging.getLogger"
                 ):
-                    self.loggers.update(n for t in targets for n in _names(t))
+                    self.loggers.update(n for t in targets for n in S.names(t))
         self.functions = {n.name: n for n in tree.body if isinstance(n, Functions)}
         self.classes = [_Class(c, self.imports) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
         self.compiled_by_call = {  # fast = torch.compile(step)
             a.id
             for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and _dotted(n.func, self.imports) in R.COMPILE
+            if isinstance(n, ast.Call) and S.dotted(n.func, self.imports) in R.COMPILE
             for a in n.args[:1]
             if isinstance(a, ast.Name)
         }
@@ -137,7 +80,7 @@ class _Module:
     def decorated(self, fn: ast.FunctionDef, names: frozenset[str]) -> bool:
         for d in fn.decorator_list:
             d = d.func if isinstance(d, ast.Call) else d
-            if _dotted(d, self.imports) in names or (isinstance(d, ast.Name) and f"torch.{d.id}" in names):
+            if S.dotted(d, self.imports) in names or (isinstance(d, ast.Name) and f"torch.{d.id}" in names):
                 return True  # a bare `@compile` is taken to be torch's
         return False
 
@@ -177,7 +120,7 @@ class _Function:
         self.params = [(p, d) for p, d in pairs if p.arg not in (self.self_name, ctx)]
         self.param_names = {p.arg for p, _ in self.params}
         self.kwargs = a.kwarg.arg if a.kwarg else None
-        self.tensors = {p.arg for p, _ in self.params if _TENSOR.fullmatch(_annotation(p))}
+        self.tensors = {p.arg for p, _ in self.params if _TENSOR.fullmatch(S.annotation(p))}
         self.inputs = {p.arg for p, d in self.params if p.annotation is None and d is None}  # most likely tensors
         self.shapes: set[str] = set()
         self.masks: set[str] = set()
@@ -186,9 +129,9 @@ class _Function:
         for _ in range(2):  # the second pass sees names assigned from names bound later in the walk
             for node in ast.walk(fn):
                 if isinstance(node, ast.For) and isinstance(node.iter, ast.Attribute) and self.is_self(node.iter.value):
-                    self.modules.update(_names(node.target))
+                    self.modules.update(S.names(node.target))
                 elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                    names = [n for t in _targets(node) for n in _names(t)]
+                    names = [n for t in S.targets(node) for n in S.names(t)]
                     if self.is_mask(node.value):
                         self.masks.update(names)
                     if self.is_shape(node.value):
@@ -248,13 +191,13 @@ class _Function:
     def returns_tensor(self, call: ast.Call, *, loose: bool = False) -> bool:
         match call.func:
             case ast.Subscript() as f:  # self.blocks[i](x)
-                return self.is_self(_root(f))
+                return self.is_self(S.root(f))
             case ast.Name(id=name):
                 return name in self.modules
             case ast.Attribute(value=v, attr=attr) as f:
-                dotted = _dotted(f, self.m.imports)
+                dotted = S.dotted(f, self.m.imports)
                 if dotted is not None:
-                    return _torch_returns_tensor(dotted)
+                    return S.torch_returns_tensor(dotted)
                 if self.is_self(v):  # self.norm(x) is a submodule; self.helper(x) is a method: unknown
                     return attr not in self.cls.methods
                 python_value = attr in R.SIZE_METHODS or attr in R.PYTHON_METHODS or attr.startswith(("is_", "_"))
@@ -279,7 +222,7 @@ class _Function:
         if isinstance(test, ast.BoolOp):
             return any(map(self.value_dependent, test.values))
         for call in (n for n in ast.walk(test) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
-            lib = (_dotted(call.func.value, self.m.imports) or "torch").split(".")[0]
+            lib = (S.dotted(call.func.value, self.m.imports) or "torch").split(".")[0]
             if call.func.attr in R.VALUE_METHODS and lib == "torch":  # np.any(a) is FG003's; math.prod(s) is fine
                 return True
         return self.tensor_like(test)
@@ -294,30 +237,30 @@ class _Function:
         in_branch: set[int] = set()  # nodes of a reported condition: a host sync there is the same finding
         for test in filter(self.value_dependent, tests):
             in_branch.update(id(n) for n in ast.walk(test))
-            yield test, "FG001", _snippet(test)
+            yield test, "FG001", S.snippet(test)
         for node in nodes:
             if isinstance(node, ast.Call) and (rule := self.check_call(node)):
                 if not (rule == "FG002" and id(node) in in_branch):
-                    yield node, rule, _snippet(node)
+                    yield node, rule, S.snippet(node)
             elif isinstance(node, (ast.For, ast.comprehension)) and (rule := self.check_loop(node.iter)):
-                yield node.iter, rule, _snippet(node.iter)
+                yield node.iter, rule, S.snippet(node.iter)
             elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):  # x[mask] = 0 keeps its shape
                 index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
                 if any(map(self.is_mask, index)):
-                    yield node, "FG008", _snippet(node)
+                    yield node, "FG008", S.snippet(node)
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value and self.self_name:
-                for t in (t for target in _targets(node) for t in ast.walk(target) if isinstance(t, ast.Attribute)):
+                for t in (t for target in S.targets(node) for t in ast.walk(target) if isinstance(t, ast.Attribute)):
                     in_place = isinstance(node, ast.AugAssign) and self.tensor_like(t)  # self.buf += 1 is fine
-                    if isinstance(t.ctx, ast.Store) and self.is_self(_root(t)) and not in_place:
-                        yield t, "FG009", _snippet(t)
+                    if isinstance(t.ctx, ast.Store) and self.is_self(S.root(t)) and not in_place:
+                        yield t, "FG009", S.snippet(t)
         for p, d in self.params if self.entry else ():
-            if _SCALAR.fullmatch(_annotation(p)) or _is_number(d):
+            if _SCALAR.fullmatch(S.annotation(p)) or S.is_number(d):
                 yield p, "FG010", p.arg
 
     def check_call(self, call: ast.Call) -> str | None:
         f = call.func
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-        dotted = _dotted(f, self.m.imports) or ""
+        dotted = S.dotted(f, self.m.imports) or ""
         receiver = f.value if isinstance(f, ast.Attribute) else None
         bare = isinstance(f, ast.Name)
         if name == "bool" and bare and call.args and self.value_dependent(call.args[0]):
@@ -346,7 +289,7 @@ class _Function:
 
     def _is_logger(self, r: ast.expr) -> bool:
         r = r.func if isinstance(r, ast.Call) else r  # logging.getLogger(__name__).info(...)
-        if (_dotted(r, self.m.imports) or "").split(".")[0] == "logging":
+        if (S.dotted(r, self.m.imports) or "").split(".")[0] == "logging":
             return True
         if isinstance(r, ast.Name):
             return r.id in self.m.loggers
@@ -357,7 +300,7 @@ class _Function:
         if self.tensor_like(r, loose=True):  # x.sort() is a tensor op
             return False
         if isinstance(r, ast.Attribute):
-            return self.is_self(_root(r))
+            return self.is_self(S.root(r))
         if not isinstance(r, ast.Name) or r.id in self.m.imports:
             return False
         return self.entry if r.id in self.param_names else r.id not in self.locals
@@ -368,7 +311,7 @@ class _Function:
         if not self.entry or not isinstance(it, ast.Name):  # a helper's dict argument may be a local of forward
             return None
         # `for k in inputs` iterates a dict when it is **kwargs or annotated as one; inputs.items() is check_call's.
-        ann = next((_annotation(p) for p, _ in self.params if p.arg == it.id), "")
+        ann = next((S.annotation(p) for p, _ in self.params if p.arg == it.id), "")
         return "FG006" if it.id == self.kwargs or re.search(r"dict|mapping", ann, re.IGNORECASE) else None
 
 
