@@ -200,7 +200,8 @@ _SDPA_FLAGS = {
 class only_sdpa:
     """Within it, SDPA may use only the sub-backend `name` ("flash", "efficient", "cudnn", "math"); the flags
     are restored on exit. `torch.nn.attention.sdpa_kernel` does the same through a generator context manager
-    and costs ~12 µs of host time per use here, against ~2 µs: it runs on every eager attention call."""
+    and costs ~12 µs of host time per use here, against ~2 µs: it runs on every eager attention call. (It
+    also turns off the OVERRIDEABLE backend, which serves only out-of-tree device types, not CUDA or CPU.)"""
 
     __slots__ = ("name", "saved")
 
