@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(not env.has_triton(), reason="needs triton")
 def test_every_kernel_builds_with_inductors_argument_types():
     """Inside torch.compile, Inductor launches our kernels with floats as fp64 and ints equal to 1 as constants;
-    each kernel (every flash-attention variant included) must still build. A subprocess, because the
-    interpreter this test session runs under replaces triton.jit."""
+    each kernel (every flash-attention variant included) must still build, through the whole compilation for
+    Hopper (Triton's warp specialization pass failed on a two-loop kernel that built its IR fine). A
+    subprocess, because the interpreter this test session runs under replaces triton.jit."""
     environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), environ.get("PYTHONPATH", "")])
     run = subprocess.run(
@@ -23,4 +24,4 @@ def test_every_kernel_builds_with_inductors_argument_types():
     lines = run.stdout.splitlines()
     assert run.returncode == 0 and lines, run.stdout + run.stderr
     assert all(line.startswith("ok ") for line in lines), run.stdout
-    assert {"ok rms_norm", "ok flash_attention tma=1 ws=1 causal=1"} <= set(lines), run.stdout
+    assert {"ok rms_norm", "ok flash_attention tma=1 ws=1 causal=1", "ok flash_attention ws_tile"} <= set(lines)

@@ -1,4 +1,5 @@
-"""Build every kernel's Triton IR for a Hopper target with the argument types Inductor's wrapper gives them.
+"""Build every kernel for a Hopper target with the argument types Inductor's wrapper gives them: the Triton IR,
+then the whole compilation to a binary.
 
 A kernel launched directly gets Triton's own typing (Python floats as fp32); inside a torch.compile graph,
 Inductor's wrapper launches it with floats as fp64 and ints equal to 1 as constants. A kernel that only
@@ -20,6 +21,7 @@ _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", 
 
 
 _calls: list = []
+TARGET = None  # set in main: GPUTarget("cuda", 90, 32)
 
 
 class _Record:
@@ -54,12 +56,10 @@ def inductor_signature(kernel, args, kwargs):
 
 def build_ir(kernel, signature, constexprs) -> None:
     from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
+    backend = make_backend(TARGET)
     options = backend.parse_options({})
     context = ir.context()
     ir.load_dialects(context)
@@ -67,8 +67,18 @@ def build_ir(kernel, signature, constexprs) -> None:
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     args = [options, backend.get_codegen_implementation(options), backend.get_module_map(), context]
     if "target" in inspect.signature(source.make_ir).parameters:
-        args.insert(0, target)
+        args.insert(0, TARGET)
     source.make_ir(*args)
+
+
+def build_cubin(kernel, signature, constexprs, num_warps: int, num_stages: int) -> None:
+    """The whole compilation to a Hopper binary, which runs the backend's passes (warp specialization among
+    them) that building the IR does not; ptxas ships with triton, and no GPU is needed."""
+    import triton
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    triton.compile(source, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def cases():
@@ -91,6 +101,9 @@ def cases():
                 f"flash_attention tma={int(tma)} ws={int(ws)} causal={int(causal)}",
                 lambda c=cfg, causal=causal: _with_config(c, q, kv, causal),
             )
+    # whole key blocks: the single warp-specialized loop the launcher picks on Hopper
+    q256 = torch.randn(1, 4, 256, 128, **bf16)
+    yield "flash_attention ws_tile", lambda: _with_config(fa.WS_TILE, q256, q256, False)
 
 
 def _with_config(cfg, q, kv, causal):
@@ -102,15 +115,23 @@ def _with_config(cfg, q, kv, causal):
 
 
 def main() -> int:
+    global TARGET
+    from triton.backends.compiler import GPUTarget
+
+    TARGET = GPUTarget("cuda", 90, 32)
     failed = 0
     for module in (fa, modulate, rms_norm, rope):  # the modules that launch (layer_norm uses rms_norm's)
         module.launch = _Record
+    fa._tma_fits = lambda *tensors: True  # the cases' tensors are aligned; on the CPU the check says no GPU
     for name, call in cases():
         _calls.clear()
         call()
         (kernel, args, kwargs), *_ = _calls
+        warps, stages = kwargs.pop("num_warps", 4), kwargs.pop("num_stages", 3)  # triton's defaults
         try:
-            build_ir(kernel, *inductor_signature(kernel, args, kwargs))
+            signature = inductor_signature(kernel, args, kwargs)
+            build_ir(kernel, *signature)
+            build_cubin(kernel, *signature, warps, stages)
             print(f"ok {name}")
         except Exception as e:
             failed += 1
