@@ -4,9 +4,11 @@ import pytest
 import torch
 
 import fullgraph.kernels.flash_attention as fa
+from fullgraph import env
 from fullgraph.errors import UsageError
 from fullgraph.kernels.flash_attention import flash_attention_fwd  # importing registers the op
 from tests.kernels.reference import rel_err
+from tests.skips import requires_sm
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Looser than the elementwise kernels' bounds: p is rounded to the input dtype before the p·v dot, and
@@ -123,6 +125,56 @@ def test_ws_measured_needs_hopper_and_triton_3_6(monkeypatch):
         assert not fa._ws_measured((9, 0))
     finally:
         fa._ws_measured.cache_clear()
+
+
+GLUON = fa.Config(128, 128, 8, 2, gluon=True)
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({}, ""),
+        ({"on_hopper": False}, "Hopper GPUs only"),
+        ({"causal": True}, "non-causal"),
+        ({"scale": -0.1}, "positive scale"),
+        ({"n_k": 200}, "multiple of BLOCK_N=128"),
+        ({"tma_fits": False}, "16-byte aligned"),
+        ({"cfg": GLUON._replace(num_warps=4)}, "BLOCK_M must be 16 · num_warps"),
+        ({"d": 80}, "head dim 64 or 128"),
+        ({"dtype": torch.float32}, "float16 or bfloat16"),
+    ],
+)
+def test_the_gluon_variant_says_what_it_cannot_serve(change, reason):
+    args = {"causal": False, "n_k": 256, "scale": 0.1, "cfg": GLUON, "tma_fits": True, "on_hopper": True}
+    q = torch.empty(1, 2, 64, change.pop("d", 128), dtype=change.pop("dtype", torch.bfloat16))
+    args.update(change)
+    got = fa._gluon_refusal(q, **args)
+    assert (reason in got) if reason else got == ""
+
+
+def test_an_unservable_gluon_request_is_a_clear_error(triton_device, monkeypatch):
+    monkeypatch.setattr(fa, "override", GLUON)
+    q, k, v = qkv(triton_device, torch.float16, nq=128, nk=128)
+    reason = "it serves non-causal" if fa._on_hopper(q.device) else "it runs on Hopper GPUs only"
+    with pytest.raises(UsageError, match=f"the Gluon variant cannot serve these inputs: {reason}"):
+        flash_attention_fwd(q, k, v, True, 0.1)
+
+
+@requires_sm(9)
+@pytest.mark.parametrize("cfg", [GLUON, fa.Config(128, 64, 8, 3, gluon=True), fa.Config(64, 128, 4, 2, gluon=True)])
+def test_the_gluon_variant_matches_float64(monkeypatch, cfg):
+    if env.cuda_capability()[0] != 9:
+        pytest.skip("the Gluon variant uses Hopper's wgmma")
+    monkeypatch.setattr(fa, "override", cfg)
+    for dtype in (torch.bfloat16, torch.float16):
+        for b, hq, hkv, nq, nk, d in [(2, 3, 3, 256, 256, 128), (1, 4, 2, 200, 384, 128), (1, 2, 1, 77, 128, 64)]:
+            check(*qkv("cuda", dtype, b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d), causal=False)
+    # repeated at a DiT-like length: a race between the asynchronous products and the loads shows as an occasional
+    # wrong block
+    q, k, v = qkv("cuda", torch.bfloat16, hq=8, hkv=8, nq=4096, nk=4096, d=128)
+    ref = attention_ref(q, k, v, False, 0.088)
+    errs = [rel_err(flash_attention_fwd(q, k, v, False, 0.088), ref) for _ in range(10)]
+    assert max(errs) < TOL[torch.bfloat16], errs
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -12,8 +12,9 @@ once, and fused with the max subtraction) so each element costs one FMA and one 
 range needing no mask (every key exists and, when causal, precedes the whole query block) and a short masked
 tail (the last partial block, the causal diagonal). On Hopper, loads and the store can go through tensor
 descriptors (TMA), and a non-causal call over whole key blocks runs one warp-specialized loop (producer warps
-load while consumer warps compute: `WS_TILE`). The Triton code is in `_flash_attention_jit.py`; measured speed in
-docs/attention-benchmark.md.
+load while consumer warps compute: `WS_TILE`). A Gluon kernel with FlashAttention-3's intra-warpgroup schedule
+(`_flash_attention_gluon.py`) is selectable through `override` only, until measured. The Triton code is in
+`_flash_attention_jit.py`; measured speed in docs/attention-benchmark.md.
 
 FLOPs: 4·B·Hq·Nq·Nk·D (two matmuls), about half that when causal. Memory traffic: q read and out written once
 (2·B·Hq·Nq·D·bytes); k and v read once per query block, 2·B·Hq·Nk·D·bytes·ceil(Nq / BLOCK_M) (query heads
@@ -45,11 +46,22 @@ def _flash_attention_fwd_kernel():
     return flash_attention_fwd_kernel
 
 
+@functools.cache
+def _gluon_kernel():
+    require_triton()
+    try:
+        from fullgraph.kernels._flash_attention_gluon import flash_attention_fwd_gluon_kernel
+    except ImportError as e:
+        raise UsageError(f"flash_attention: the Gluon variant needs Triton's Gluon dialect (triton >= 3.6): {e}") from e
+    return flash_attention_fwd_gluon_kernel
+
+
 class Config(NamedTuple):
     """One launch configuration. `tma`: load q/k/v and store out through tensor descriptors (Hopper's TMA unit;
     used only when every base and row stride is 16-byte aligned). `ws`: warp-specialize the unmasked key loop
     (producer warps load, consumer warps compute); only with `tma`, as Triton's Hopper pass needs descriptor
-    loads."""
+    loads. `gluon`: run the hand-scheduled Gluon kernel (`_flash_attention_gluon.py`; BLOCK_M = 16 · warps,
+    num_stages = its key/value ring slots); only through `override` until measured on a GPU."""
 
     block_m: int
     block_n: int
@@ -57,6 +69,7 @@ class Config(NamedTuple):
     num_stages: int
     tma: bool = False
     ws: bool = False
+    gluon: bool = False
 
 
 # Set by benchmarks/tune_attention.py to time a candidate; None uses `config`.
@@ -140,6 +153,29 @@ def _address(t: torch.Tensor) -> int:
         return t.storage_offset() * t.element_size()
 
 
+def _on_hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and not env.triton_interpret() and (env.cuda_capability(device) or (0, 0))[0] == 9
+
+
+def _gluon_refusal(
+    q: torch.Tensor, causal: bool, n_k: int, scale: float, cfg: Config, tma_fits: bool, on_hopper: bool
+) -> str:
+    """Why the Gluon variant cannot serve these inputs; "" when it can."""
+    if not on_hopper:
+        return "it runs on Hopper GPUs only (wgmma), not under the interpreter"
+    if causal or scale <= 0:
+        return "it serves non-causal attention with a positive scale"
+    if q.shape[-1] not in (64, 128) or q.dtype not in (torch.float16, torch.bfloat16):
+        return f"it needs head dim 64 or 128 in float16 or bfloat16, got {q.shape[-1]} in {q.dtype}"
+    if n_k % cfg.block_n:
+        return f"k's length {n_k} must be a multiple of BLOCK_N={cfg.block_n}"
+    if not tma_fits:
+        return "q, k, v and out need 16-byte aligned bases and row strides (TMA)"
+    if cfg.block_m != 16 * cfg.num_warps:
+        return f"BLOCK_M must be 16 · num_warps (64 rows per warp group), got {cfg.block_m} with {cfg.num_warps}"
+    return ""
+
+
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
     """Global memory where the kernel writes its tensor descriptors (triton's allocator hook)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
@@ -198,9 +234,19 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     tma_fits = _tma_fits(q, k, v, out)
     cfg = config(d, q.dtype, nq, b * hq, tma_fits, _ws_fits(causal, nk, tma_fits, q.device))
     tma = cfg.tma and tma_fits
-    if tma and not env.triton_interpret():
+    if (tma or cfg.gluon) and not env.triton_interpret():
         triton.set_allocator(_scratch)
     grid = (triton.cdiv(nq, cfg.block_m), b * hq)
+    if cfg.gluon:
+        reason = _gluon_refusal(q, causal, nk, scale, cfg, tma_fits, _on_hopper(q.device))
+        if reason:
+            raise UsageError(f"flash_attention: the Gluon variant cannot serve these inputs: {reason}")
+        launch(_gluon_kernel())[grid](
+            q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            hq, hq // hkv, nq, nk, scale * _LOG2E,
+            HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        )  # fmt: skip
+        return out
     launch(kernel)[grid](
         q, k, v, out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
