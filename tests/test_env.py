@@ -132,3 +132,12 @@ def test_sdpa_probe_on_gpu_is_real(backend):
     p = env.probe_sdpa(backend, "cuda")
     # math serves every input; a fused backend that claims to work must have produced the right numbers
     assert p.ok or backend != "math", p.detail
+
+
+@pytest.mark.parametrize(
+    "version, expected",
+    [("3.6.0", True), ("3.10.1", True), ("3.5.1", False), ("3.6.0+git1a2b3c", True), ("4.0rc1", True), (None, False)],
+)
+def test_triton_at_least_compares_numbers_not_strings(monkeypatch, version, expected):
+    monkeypatch.setattr(env, "triton_version", lambda: version)
+    assert env.triton_at_least(3, 6) is expected

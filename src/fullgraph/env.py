@@ -12,6 +12,7 @@ import functools
 import importlib.util
 import os
 import platform
+import re
 import warnings
 from dataclasses import asdict, dataclass, field
 
@@ -44,6 +45,12 @@ def triton_version() -> str | None:
     import triton
 
     return triton.__version__
+
+
+def triton_at_least(major: int, minor: int) -> bool:
+    """Whether triton is importable at version major.minor or later."""
+    parts = (triton_version() or "0.0").split(".")[:2]
+    return tuple(int(re.match(r"\d*", p).group() or 0) for p in parts) >= (major, minor)
 
 
 def has_cuda() -> bool:

@@ -25,4 +25,6 @@ def test_every_kernel_builds_with_inductors_argument_types():
     assert run.returncode == 0 and lines, run.stdout + run.stderr
     assert all(line.startswith("ok ") for line in lines), run.stdout
     expected = {"ok rms_norm", "ok flash_attention tma=1 ws=1 causal=1", "ok flash_attention ws_tile"}
-    assert expected | {"ok flash_attention gluon 128/2"} <= set(lines), run.stdout
+    if env.triton_at_least(3, 6):
+        expected.add("ok flash_attention gluon 128/2")
+    assert expected <= set(lines), run.stdout

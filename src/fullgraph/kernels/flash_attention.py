@@ -126,9 +126,7 @@ def _ws_fits(causal: bool, n_k: int, tma_fits: bool, device: torch.device) -> bo
 def _ws_measured(capability: tuple[int, int] | None) -> bool:
     """Triton's warp specialization on Hopper was measured with Triton 3.6 only: older releases, and other GPU
     generations (whose warp specialization is a different compiler path), keep the plain loop."""
-    version = env.triton_version() or "0"
-    major_minor = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    return capability is not None and capability[0] == 9 and major_minor >= (3, 6)
+    return capability is not None and capability[0] == 9 and env.triton_at_least(3, 6)
 
 
 def _tma_fits(*tensors: torch.Tensor) -> bool:
