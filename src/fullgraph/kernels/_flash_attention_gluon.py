@@ -29,13 +29,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global, 3.9 only
+# async_load / async_store (3.8 has both)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
 
 @gluon.jit
 def _load_kv(desc, smem, bars, block, pred, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
     """Start the TMA load of key/value block `block` into its ring slot when `pred`."""
     slot = block % STAGES
     mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(desc, [block * BLOCK_N, 0], bars.index(slot), smem.index(slot), pred=pred)
+    _tma_load(desc, [block * BLOCK_N, 0], bars.index(slot), smem.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -83,7 +88,7 @@ def flash_attention_fwd_gluon_kernel(
 
     n_blocks = n_kv // BLOCK_N  # the caller guarantees whole key blocks, at least one
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
+    _tma_load(q_desc, [start_m, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
         _load_kv(k_desc, k_smem, k_bars, i, i < n_blocks, STAGES, BLOCK_N)
         _load_kv(v_desc, v_smem, v_bars, i, i < n_blocks, STAGES, BLOCK_N)
@@ -141,5 +146,5 @@ def flash_attention_fwd_gluon_kernel(
     out = acc / gl.convert_layout(l_i, row_o)[:, None]
     q_smem.store(out.to(dtype))  # q is no longer read: its tile holds the output for the TMA store
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
+    _tma_store(o_desc, [start_m, 0], q_smem)
     tma.store_wait(0)
