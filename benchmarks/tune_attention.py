@@ -6,7 +6,7 @@ SDPA sub-backends on the same inputs; causal is swept over the best non-causal c
 `--short`: only the tiles `config` picks. `--ws`: TMA tiles with and without warp specialization side by
 side, and the Gluon kernel's tiles, then stress tests of the WS tile and of the first Gluon tile. `--versus`:
 the default configuration against torch's SDPA called directly (cuDNN, flash), through fullgraph's
-"sdpa-cudnn" op, and the Gluon kernel (non-causal), interleaved over several rounds (SDPA's cuDNN speed moves
+"sdpa-cudnn" op, and the Gluon kernel, interleaved over several rounds (SDPA's cuDNN speed moves
 between runs), then the stress tests.
 Run: PYTHONPATH=src python3 benchmarks/tune_attention.py > tune_attention.csv  (lines starting # are the summary)
 """
@@ -35,7 +35,7 @@ TILES = {
 }  # fmt: skip
 SHORT_TILES = {128: [(128, 64, 4, 2, True), (64, 64, 4, 3, False)], 64: [(128, 64, 4, 2, False), (64, 64, 4, 3, False)]}
 WS_TILES = [(128, 128, 4, 2), (128, 64, 4, 2), (64, 64, 4, 3)]
-# the hand-scheduled Gluon kernel (non-causal, whole key blocks): BLOCK_M = 16 · warps, stages = ring slots
+# the hand-scheduled Gluon kernel: BLOCK_M = 16 · warps, stages = ring slots
 GLUON_TILES = [fa.Config(128, 128, 8, 2, gluon=True), fa.Config(128, 64, 8, 3, gluon=True),
                fa.Config(128, 128, 8, 3, gluon=True), fa.Config(64, 128, 4, 2, gluon=True)]  # fmt: skip
 # --ws: the DiT points, a length that leaves a partial key block (every block masked in the single WS loop), ViT
@@ -154,8 +154,7 @@ def _versus_point(q, k, v, causal, rounds):
         "fullgraph sdpa-cudnn op": lambda: attention(q, k, v, causal=causal, backend="sdpa-cudnn"),
         "ours": lambda: fa.flash_attention_fwd(q, k, v, causal, 1 / math.sqrt(d)),
     }
-    if not causal:
-        contenders["ours gluon"] = lambda: ours(q, k, v, causal, GLUON_TILES[0])
+    contenders["ours gluon"] = lambda: ours(q, k, v, causal, GLUON_TILES[0])
     times = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():

@@ -135,9 +135,7 @@ GLUON = fa.Config(128, 128, 8, 2, gluon=True)
     [
         ({}, ""),
         ({"on_hopper": False}, "Hopper GPUs only"),
-        ({"causal": True}, "non-causal"),
         ({"scale": -0.1}, "positive scale"),
-        ({"n_k": 200}, "multiple of BLOCK_N=128"),
         ({"tma_fits": False}, "16-byte aligned"),
         ({"cfg": GLUON._replace(num_warps=4)}, "BLOCK_M must be 16 · num_warps"),
         ({"d": 80}, "head dim 64 or 128"),
@@ -145,7 +143,7 @@ GLUON = fa.Config(128, 128, 8, 2, gluon=True)
     ],
 )
 def test_the_gluon_variant_says_what_it_cannot_serve(change, reason):
-    args = {"causal": False, "n_k": 256, "scale": 0.1, "cfg": GLUON, "tma_fits": True, "on_hopper": True}
+    args = {"scale": 0.1, "cfg": GLUON, "tma_fits": True, "on_hopper": True}
     q = torch.empty(1, 2, 64, change.pop("d", 128), dtype=change.pop("dtype", torch.bfloat16))
     args.update(change)
     got = fa._gluon_refusal(q, **args)
@@ -155,9 +153,9 @@ def test_the_gluon_variant_says_what_it_cannot_serve(change, reason):
 def test_an_unservable_gluon_request_is_a_clear_error(triton_device, monkeypatch):
     monkeypatch.setattr(fa, "override", GLUON)
     q, k, v = qkv(triton_device, torch.float16, nq=128, nk=128)
-    reason = "it serves non-causal" if fa._on_hopper(q.device) else "it runs on Hopper GPUs only"
+    reason = "it needs a positive scale" if fa._on_hopper(q.device) else "it runs on Hopper GPUs only"
     with pytest.raises(UsageError, match=f"the Gluon variant cannot serve these inputs: {reason}"):
-        flash_attention_fwd(q, k, v, True, 0.1)
+        flash_attention_fwd(q, k, v, False, -0.1)
 
 
 @requires_sm(9)
@@ -166,15 +164,18 @@ def test_the_gluon_variant_matches_float64(monkeypatch, cfg):
     if env.cuda_capability()[0] != 9:
         pytest.skip("the Gluon variant uses Hopper's wgmma")
     monkeypatch.setattr(fa, "override", cfg)
+    cases = [(2, 3, 3, 256, 256, 128, False), (1, 4, 2, 200, 333, 128, False), (1, 2, 1, 77, 128, 64, False),
+             (2, 3, 3, 256, 256, 128, True), (1, 4, 2, 300, 300, 128, True), (1, 2, 1, 77, 77, 64, True)]  # fmt: skip
     for dtype in (torch.bfloat16, torch.float16):
-        for b, hq, hkv, nq, nk, d in [(2, 3, 3, 256, 256, 128), (1, 4, 2, 200, 384, 128), (1, 2, 1, 77, 128, 64)]:
-            check(*qkv("cuda", dtype, b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d), causal=False)
+        for b, hq, hkv, nq, nk, d, causal in cases:  # whole and partial key blocks, GQA, MQA, the causal diagonal
+            check(*qkv("cuda", dtype, b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d), causal)
     # repeated at a DiT-like length: a race between the asynchronous products and the loads shows as an occasional
     # wrong block
     q, k, v = qkv("cuda", torch.bfloat16, hq=8, hkv=8, nq=4096, nk=4096, d=128)
-    ref = attention_ref(q, k, v, False, 0.088)
-    errs = [rel_err(flash_attention_fwd(q, k, v, False, 0.088), ref) for _ in range(10)]
-    assert max(errs) < TOL[torch.bfloat16], errs
+    for causal in (False, True):
+        ref = attention_ref(q, k, v, causal, 0.088)
+        errs = [rel_err(flash_attention_fwd(q, k, v, causal, 0.088), ref) for _ in range(10)]
+        assert max(errs) < TOL[torch.bfloat16], errs
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

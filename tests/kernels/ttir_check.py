@@ -108,9 +108,12 @@ def cases():
     q256 = torch.randn(1, 4, 256, 128, **bf16)
     yield "flash_attention ws_tile", lambda: _with_config(fa.WS_TILE, q256, q256, False)
     if gluon_builds():
-        for block_n, stages in ((128, 2), (64, 3)):
+        for block_n, stages, causal in ((128, 2, False), (64, 3, False), (128, 2, True)):
             cfg = fa.Config(128, block_n, 8, stages, gluon=True)
-            yield f"flash_attention gluon {block_n}/{stages}", lambda c=cfg: _with_config(c, q256, q256, False)
+            yield (
+                f"flash_attention gluon {block_n}/{stages} causal={int(causal)}",
+                lambda c=cfg, causal=causal: _with_config(c, q, q, causal),
+            )
 
 
 def gluon_builds() -> bool:

@@ -12,10 +12,10 @@ cuDNN. Here the order is written out. Per key block j, with S_j = q·k_jᵀ alre
 
 wgmma groups retire in issue order, so "at most one outstanding" always names the older product. Keys and values
 stream through a ring of STAGES shared-memory slots filled by TMA, each slot refilled as soon as the product
-reading it has retired. Two warp groups (8 warps) split the 128 query rows. Serves non-causal attention with
-positive scale over whole key blocks (Nk a multiple of BLOCK_N), head dim 64 or 128, fp16/bf16, TMA-aligned
-inputs; the launcher checks. Compiled for sm_90a in CI (tests/kernels/ttir_check.py); numerics and speed only on
-a GPU.
+reading it has retired. Two warp groups (8 warps) split the 128 query rows. The key blocks that need a mask
+(a partial last block, the causal diagonal) take it in the softmax step. Serves a positive scale, head dim 64
+or 128, fp16/bf16, TMA-aligned inputs; the launcher checks. Compiled for sm_90a in CI
+(tests/kernels/ttir_check.py); numerics and speed only on a GPU.
 """
 
 from triton.experimental import gluon
@@ -51,13 +51,17 @@ def flash_attention_fwd_gluon_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     n_heads, group, n_q, n_kv, qk_scale,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
 ):  # fmt: skip
     # Inductor passes Python floats as fp64 (see _flash_attention_jit.py)
     qk_scale = qk_scale.to(gl.float32)
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
-    start_m = gl.program_id(0) * BLOCK_M
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m  # the query blocks with the most keys start first
+    start_m = pid_m * BLOCK_M
     bh = gl.program_id(1)
     b = (bh // n_heads).to(gl.int64)
     h = (bh % n_heads).to(gl.int64)
@@ -86,7 +90,8 @@ def flash_attention_fwd_gluon_kernel(
         mbarrier.init(v_bars.index(i), count=1)
     fence_async_shared()
 
-    n_blocks = n_kv // BLOCK_N  # the caller guarantees whole key blocks, at least one
+    hi = gl.minimum(start_m + BLOCK_M, n_kv) if CAUSAL else n_kv  # keys past the last query row add nothing
+    n_blocks = gl.cdiv(hi, BLOCK_N)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _tma_load(q_desc, [start_m, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
@@ -100,6 +105,8 @@ def flash_attention_fwd_gluon_kernel(
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
@@ -122,6 +129,14 @@ def flash_attention_fwd_gluon_kernel(
         s_next_tok = warpgroup_mma(q_smem, k_smem.index(slot_n).permute((1, 0)), s_zero, use_acc=False,
                                    is_async=True)  # fmt: skip
 
+        start_n = j * BLOCK_N
+        # keys past the end (the descriptor read zeros), and on the causal diagonal future keys, must be -inf
+        # before the max; key 0 is never masked, so every row has a finite max after block 0 (no NaN later)
+        if (start_n + BLOCK_N > n_kv) | (CAUSAL & (start_n + BLOCK_N > start_m + 1)):
+            keep = (start_n + offs_n < n_kv)[None, :]
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= start_n + offs_n[None, :])
+            s = gl.where(keep, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         p = gl.exp2(s * qk_scale - m_new[:, None])
         alpha = gl.exp2(m_i - m_new)

@@ -155,18 +155,14 @@ def _on_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and not env.triton_interpret() and (env.cuda_capability(device) or (0, 0))[0] == 9
 
 
-def _gluon_refusal(
-    q: torch.Tensor, causal: bool, n_k: int, scale: float, cfg: Config, tma_fits: bool, on_hopper: bool
-) -> str:
+def _gluon_refusal(q: torch.Tensor, scale: float, cfg: Config, tma_fits: bool, on_hopper: bool) -> str:
     """Why the Gluon variant cannot serve these inputs; "" when it can."""
     if not on_hopper:
         return "it runs on Hopper GPUs only (wgmma), not under the interpreter"
-    if causal or scale <= 0:
-        return "it serves non-causal attention with a positive scale"
+    if scale <= 0:
+        return "it needs a positive scale"
     if q.shape[-1] not in (64, 128) or q.dtype not in (torch.float16, torch.bfloat16):
         return f"it needs head dim 64 or 128 in float16 or bfloat16, got {q.shape[-1]} in {q.dtype}"
-    if n_k % cfg.block_n:
-        return f"k's length {n_k} must be a multiple of BLOCK_N={cfg.block_n}"
     if not tma_fits:
         return "q, k, v and out need 16-byte aligned bases and row strides (TMA)"
     if cfg.block_m != 16 * cfg.num_warps:
@@ -236,13 +232,14 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         triton.set_allocator(_scratch)
     grid = (triton.cdiv(nq, cfg.block_m), b * hq)
     if cfg.gluon:
-        reason = _gluon_refusal(q, causal, nk, scale, cfg, tma_fits, _on_hopper(q.device))
+        reason = _gluon_refusal(q, scale, cfg, tma_fits, _on_hopper(q.device))
         if reason:
             raise UsageError(f"flash_attention: the Gluon variant cannot serve these inputs: {reason}")
         launch(_gluon_kernel())[grid](
             q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
             hq, hq // hkv, nq, nk, scale * _LOG2E,
-            HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+            CAUSAL=causal, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+            num_warps=cfg.num_warps,
         )  # fmt: skip
         return out
     launch(kernel)[grid](
