@@ -33,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # async_load / async_store (3.8 has both)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # 3.6: thread_barrier; 3.8 on: barrier
 
 
 @gluon.jit
@@ -89,6 +90,7 @@ def flash_attention_fwd_gluon_kernel(
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
     fence_async_shared()
+    _cta_barrier()  # the barriers are initialized (by one thread) before any warp waits on them
 
     hi = gl.minimum(start_m + BLOCK_M, n_kv) if CAUSAL else n_kv  # keys past the last query row add nothing
     n_blocks = gl.cdiv(hi, BLOCK_N)
@@ -118,7 +120,8 @@ def flash_attention_fwd_gluon_kernel(
     mbarrier.wait(k_bars.index(0), 0)
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
-    _load_kv(k_desc, k_smem, k_bars, STAGES, n_blocks > STAGES, STAGES, BLOCK_N)  # k_0's slot is free again
+    _cta_barrier()  # both warp groups are done reading k_0: its slot may refill
+    _load_kv(k_desc, k_smem, k_bars, STAGES, n_blocks > STAGES, STAGES, BLOCK_N)
     acc_tok = warpgroup_mma_init(acc)
     p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)  # P·V reads P from registers: kept alive until it is done
     for j in range(n_blocks):
@@ -143,14 +146,16 @@ def flash_attention_fwd_gluon_kernel(
         l_i = l_i * alpha + gl.sum(p, 1)
         m_i = m_new
 
-        acc, p_op = warpgroup_mma_wait(1, deps=(acc_tok, p_op))  # P_{j-1}·V_{j-1} is done: its value slot may refill
+        acc, p_op = warpgroup_mma_wait(1, deps=(acc_tok, p_op))  # this warp group's P_{j-1}·V_{j-1} is done
+        _cta_barrier()  # and the other's: v_{j-1}'s slot may refill (one thread issues the copy for the CTA)
         _load_kv(v_desc, v_smem, v_bars, j - 1 + STAGES, (j > 0) & (j - 1 + STAGES < n_blocks), STAGES, BLOCK_N)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         slot = j % STAGES
         mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_next_tok,))  # S_{j+1} is done: its key slot may refill
+        s = warpgroup_mma_wait(1, deps=(s_next_tok,))  # S_{j+1} is done
+        _cta_barrier()  # in both warp groups: k_{j+1}'s slot may refill
         _load_kv(k_desc, k_smem, k_bars, nxt + STAGES, nxt + STAGES < n_blocks, STAGES, BLOCK_N)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
 
@@ -161,5 +166,6 @@ def flash_attention_fwd_gluon_kernel(
     out = acc / gl.convert_layout(l_i, row_o)[:, None]
     q_smem.store(out.to(dtype))  # q is no longer read: its tile holds the output for the TMA store
     fence_async_shared()
+    _cta_barrier()  # every warp's rows are in shared memory before one thread starts the copy out
     _tma_store(o_desc, [start_m, 0], q_smem)
     tma.store_wait(0)
