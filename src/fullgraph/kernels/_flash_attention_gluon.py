@@ -29,6 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from fullgraph.kernels._flash_attention_jit import program_tile  # a plain Triton function Gluon can call
+
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global, 3.9 only
 # async_load / async_store (3.8 has both)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -59,14 +61,7 @@ def flash_attention_fwd_gluon_kernel(
     qk_scale = qk_scale.to(gl.float32)
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m  # the query blocks with the most keys start first
-    start_m = pid_m * BLOCK_M
-    bh = gl.program_id(1)
-    b = (bh // n_heads).to(gl.int64)
-    h = (bh % n_heads).to(gl.int64)
-    kv_h = h // group
+    start_m, b, h, kv_h = program_tile(n_heads, group, CAUSAL, BLOCK_M)
 
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)

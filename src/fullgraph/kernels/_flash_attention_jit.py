@@ -115,6 +115,18 @@ def _attend(acc, l_i, m_i, q, K, V, lo, hi, offs_m, n_kv, stride_kn, stride_kd, 
 
 
 @triton.jit
+def program_tile(n_heads, group, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(first query row, batch, head, kv head) of this program, on grid (query blocks, batch · heads); causal
+    query blocks run longest first. The Gluon kernel calls it too."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m  # the query blocks with the most keys start first
+    bh = tl.program_id(1)
+    h = (bh % n_heads).to(tl.int64)
+    return pid_m * BLOCK_M, (bh // n_heads).to(tl.int64), h, h // group
+
+
+@triton.jit
 def flash_attention_fwd_kernel(
     Q,
     K,
@@ -155,14 +167,7 @@ def flash_attention_fwd_kernel(
     # Inductor's wrapper passes Python floats as fp64 (a direct launch as fp32): fp64 here would turn the
     # running max and sum into fp64 and break the loop's types
     qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m  # the query blocks with the most keys start first
-    start_m = pid_m * BLOCK_M
-    bh = tl.program_id(1)
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
-    kv_h = h // group
+    start_m, b, h, kv_h = program_tile(n_heads, group, CAUSAL, BLOCK_M)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
