@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import fullgraph.kernels.flash_attention as fa
 from fullgraph.bench import measure
 from fullgraph.bench.roofline import attention_flops, tflops
+from fullgraph.bench.suites.attention import rel_err
 from fullgraph.errors import UsageError
 
 # (batch, heads, seq, head dim): the DiT points of issue 5 and the ViT ones
@@ -78,7 +79,7 @@ def sweep_point(shape, causal, candidates, print_row):
     for cfg in candidates:
         try:
             out = ours(q, k, v, causal, cfg)
-            err = ((out.float() - ref).norm() / ref.norm()).item()
+            err = rel_err(out, ref)
             ms = time_ms(lambda cfg=cfg: ours(q, k, v, causal, cfg))
         except Exception as e:  # a tile that does not fit (shared memory, registers) is skipped
             print(f"# {shape} {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:100]}", file=sys.stderr)
@@ -188,7 +189,7 @@ def stress(cfg, repeats=5):
                 except UsageError:  # inputs the configuration does not serve (the Gluon variant's limits)
                     refused += 1
                     continue
-                err = ((out.float() - ref).norm() / ref.norm()).item()
+                err = rel_err(out, ref)
                 worst = max(worst, err) if err == err else float("nan")
                 wrong += not err < 1e-2
                 runs += 1
@@ -211,7 +212,7 @@ def compiled_check():
                 eager = fa.flash_attention_fwd(q, k, v, True, 0.088)
                 out = fn(q, k, v).clone()
                 out = fn(q, k, v).clone()
-                err = ((out.float() - eager.float()).norm() / eager.float().norm()).item()
+                err = rel_err(out, eager.float())
                 ms = measure(lambda fn=fn: fn(q, k, v), reps=20).median_ms
                 print(f"# compiled {mode} {cfg}: rel err vs eager {err:.2e}, {ms * 1e3:.1f} us", flush=True)
             except Exception as e:

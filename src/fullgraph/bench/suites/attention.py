@@ -46,7 +46,8 @@ def parse_seqs(spec: str | None, gpu: bool) -> tuple[int, ...]:
     return seqs
 
 
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative error of out against a float32 reference (Frobenius norms)."""
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
@@ -90,7 +91,7 @@ def _point(b, h, n, d, causal, dtype, device, gemm, reps):
         except Exception as e:  # a backend that refuses at run time is a finding, not a crash
             table.append([point, name, None, None, None, None, f"error: {type(e).__name__}"])
             continue
-        err = _rel_err(out, ref) if ref is not None else None
+        err = rel_err(out, ref) if ref is not None else None
         bad = err is not None and not err < TOLERANCE[dtype]
         rate = tflops(flops, t.median_ms)
         metrics = {**timing_metrics(t), "tflops": (rate, "TFLOP/s")}
