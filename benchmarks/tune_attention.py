@@ -37,8 +37,10 @@ TILES = {
 SHORT_TILES = {128: [(128, 64, 4, 2, True), (64, 64, 4, 3, False)], 64: [(128, 64, 4, 2, False), (64, 64, 4, 3, False)]}
 WS_TILES = [(128, 128, 4, 2), (128, 64, 4, 2), (64, 64, 4, 3)]
 # the hand-scheduled Gluon kernel: BLOCK_M = 16 · warps, stages = ring slots
-GLUON_TILES = [fa.Config(128, 128, 8, 2, gluon=True), fa.Config(128, 64, 8, 3, gluon=True),
-               fa.Config(128, 128, 8, 3, gluon=True), fa.Config(64, 128, 4, 2, gluon=True)]  # fmt: skip
+GLUON_TILES = [fa.Config(128, 128, 4, 2, ws=True, gluon=True), fa.Config(64, 64, 4, 2, gluon=True),
+               fa.Config(128, 64, 4, 3, ws=True, gluon=True), fa.Config(128, 64, 4, 4, ws=True, gluon=True),
+               fa.Config(64, 64, 4, 3, gluon=True), fa.Config(64, 128, 4, 2, gluon=True),
+               fa.Config(128, 128, 8, 2, gluon=True)]  # fmt: skip
 # --ws: the DiT points, a length that leaves a partial key block (every block masked in the single WS loop), ViT
 WS_SHAPES = {
     128: [(1, 24, 4096, 128), (1, 24, 16384, 128), (1, 24, 4000, 128)],
@@ -98,14 +100,18 @@ def main() -> int:
     def print_row(shape, causal, name, ms, rate, err):
         print(f"{'x'.join(map(str, shape))},{causal},{name},{ms * 1e3:.1f},{rate:.1f},{err:.2e}", flush=True)
 
-    short, ws = "--short" in sys.argv, "--ws" in sys.argv
+    short, ws, gluon = "--short" in sys.argv, "--ws" in sys.argv, "--gluon" in sys.argv
+    ws = ws or gluon
     if "--versus" in sys.argv:
         versus()
         stress(fa.WS_TILE)
         stress(GLUON_TILES[0])
+        compiled_check()
         return 0
     for d, shapes in (WS_SHAPES if ws else SHAPES).items():
-        if ws:
+        if gluon:
+            tiles = []
+        elif ws:
             tiles = [(*t, True, on) for t in WS_TILES for on in (False, True)]
         else:
             tiles = SHORT_TILES[d] if short else [(*t, tma) for t in TILES[d] for tma in (False, True)]
@@ -144,6 +150,7 @@ def _versus_point(q, k, v, causal, rounds):
     from fullgraph.ops.attention import attention
 
     b, h, n, d = q.shape
+    triton_cfg = fa.config(d, q.dtype, n, b * h, True, fa._ws_fits(causal, n, True, q.device), gluon=False)
 
     def sdpa(backend):
         with sdpa_kernel(backend):
@@ -153,9 +160,9 @@ def _versus_point(q, k, v, causal, rounds):
         "sdpa-cudnn raw": lambda: sdpa(SDPBackend.CUDNN_ATTENTION),
         "sdpa-flash raw": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
         "fullgraph sdpa-cudnn op": lambda: attention(q, k, v, causal=causal, backend="sdpa-cudnn"),
-        "ours": lambda: fa.flash_attention_fwd(q, k, v, causal, 1 / math.sqrt(d)),
+        "ours": lambda: fa.flash_attention_fwd(q, k, v, causal, 1 / math.sqrt(d)),  # the default: Gluon on Hopper
+        "ours triton": lambda: ours(q, k, v, causal, triton_cfg),
     }
-    contenders["ours gluon"] = lambda: ours(q, k, v, causal, GLUON_TILES[0])
     times = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():
@@ -165,7 +172,7 @@ def _versus_point(q, k, v, causal, rounds):
     line = f"# versus {b}x{h}x{n}x{d} causal={causal}: " + ", ".join(
         f"{name} {tflops(flops, ms):.0f}" for name, ms in med.items()
     )
-    for mine in ("ours", "ours gluon"):
+    for mine in ("ours", "ours triton"):
         if mine in times:
             ratios = sorted(c / o for c, o in zip(times["sdpa-cudnn raw"], times[mine], strict=True))
             line += f"; {mine} / cuDNN raw: median {ratios[len(ratios) // 2]:.3f}x ({ratios[0]:.3f}-{ratios[-1]:.3f})"
@@ -202,7 +209,7 @@ def stress(cfg, repeats=5):
 def compiled_check():
     """Each kernel variant through torch.compile (Inductor launches the triton_op), plain and CUDA-graphed."""
     q, k, v = (torch.randn(1, 24, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    for cfg in (fa.Config(128, 64, 4, 2, True), fa.Config(64, 64, 4, 3, False)):
+    for cfg in (None, fa.Config(128, 64, 4, 2, True), fa.Config(64, 64, 4, 3, False)):  # None: the default (Gluon)
         fa.override = cfg
         for mode in ("default", "reduce-overhead"):
             torch._dynamo.reset()

@@ -138,6 +138,7 @@ GLUON = fa.Config(128, 128, 8, 2, gluon=True)
         ({"scale": -0.1}, "positive scale"),
         ({"tma_fits": False}, "16-byte aligned"),
         ({"cfg": GLUON._replace(num_warps=4)}, "BLOCK_M must be 16 · num_warps"),
+        ({"cfg": GLUON._replace(ws=True)}, "BLOCK_M must be 16 · num_warps · 2"),
         ({"d": 80}, "head dim 64 or 128"),
         ({"dtype": torch.float32}, "float16 or bfloat16"),
     ],
@@ -158,8 +159,13 @@ def test_an_unservable_gluon_request_is_a_clear_error(triton_device, monkeypatch
         flash_attention_fwd(q, k, v, False, -0.1)
 
 
+GLUON_WS = fa.Config(128, 128, 4, 2, ws=True, gluon=True)
+
+
 @requires_sm(9)
-@pytest.mark.parametrize("cfg", [GLUON, fa.Config(128, 64, 8, 3, gluon=True), fa.Config(64, 128, 4, 2, gluon=True)])
+@pytest.mark.parametrize(
+    "cfg", [GLUON, fa.Config(64, 64, 4, 3, gluon=True), GLUON_WS, fa.Config(128, 64, 4, 4, ws=True, gluon=True)]
+)
 def test_the_gluon_variant_matches_float64(monkeypatch, cfg):
     """Every case runs and the failures are summarized together: the first GPU run of this kernel should say where
     it goes wrong (which warp group's rows, how many key blocks against ring slots, masked or not)."""
@@ -184,6 +190,63 @@ def test_the_gluon_variant_matches_float64(monkeypatch, cfg):
             out = flash_attention_fwd(q, k, v, causal, 0.088)
             failures += _gluon_failure(out, ref, 4096, cfg, torch.bfloat16, causal)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    "head_dim, n_q, want",
+    [(128, 4096, fa.GLUON_TILE), (128, 197, fa.GLUON_TILE), (64, 4096, fa.Config(64, 128, 4, 2, gluon=True)),
+     (64, 197, fa.Config(64, 64, 4, 2, gluon=True))],
+)  # fmt: skip
+def test_config_takes_the_gluon_tile_only_where_gluon_serves(monkeypatch, head_dim, n_q, want):
+    monkeypatch.setattr(fa.env, "triton_interpret", lambda: False)
+    assert fa.config(head_dim, torch.bfloat16, n_q, 24, True, True, True) == want
+    assert not fa.config(head_dim, torch.bfloat16, n_q, 24, True, True, False).gluon
+    assert fa._gluon_refusal(torch.empty(1, 1, n_q, head_dim, dtype=torch.bfloat16), 0.1, want, True, True) == ""
+
+
+@pytest.fixture
+def as_on_hopper(monkeypatch):
+    """The launcher believes it runs on an aligned Hopper GPU; the Gluon launches it decides on are recorded."""
+    launches = []
+    monkeypatch.setattr(fa.env, "triton_interpret", lambda: False)
+    monkeypatch.setattr(fa, "_on_hopper", lambda device: True)
+    monkeypatch.setattr(fa, "_tma_fits", lambda *tensors: True)
+    monkeypatch.setattr(fa, "_launch_gluon", lambda q, k, v, out, causal, scale, cfg: launches.append(cfg) or out)
+    return launches
+
+
+@pytest.mark.parametrize("d, dtype, gluon", [(128, torch.bfloat16, True), (64, torch.float16, True),
+                                             (80, torch.bfloat16, False), (128, torch.float32, False)])  # fmt: skip
+def test_on_hopper_the_launcher_runs_gluon_where_it_serves(as_on_hopper, d, dtype, gluon):
+    q, k, v = qkv("cpu", dtype, nq=256, nk=256, d=d)
+    if not gluon:  # the Triton kernel would run: nothing to launch on this machine, only the decision matters
+        assert fa.config(d, dtype, 256, 2, True, True, False).gluon is False
+        assert fa._gluon_refusal(q, 0.1, fa.gluon_tile(d, 256), True, True) != ""
+        return
+    flash_attention_fwd.launcher(q, k, v, False, 0.1)
+    assert as_on_hopper == [fa.gluon_tile(d, 256)]
+
+
+def test_a_traced_call_records_the_gluon_kernel_as_an_opaque_op(as_on_hopper):
+    """Inductor builds only plain Triton kernels: where the launcher picks Gluon, the traced graph must call
+    fullgraph.flash_attention_gluon with the chosen tile, and nothing launches while tracing."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    q, k, v = qkv("cpu", torch.bfloat16, hq=4, hkv=2, nq=300, nk=300, d=128)
+    graph = make_fx(lambda q, k, v: flash_attention_fwd.launcher(q, k, v, True, 0.1), tracing_mode="fake")(q, k, v)
+    calls = [n for n in graph.graph.nodes if n.op == "call_function" and "flash_attention_gluon" in str(n.target)]
+    assert len(calls) == 1 and as_on_hopper == []
+    assert calls[0].args[3:] == (True, 0.1, [int(x) for x in fa.GLUON_TILE])
+    assert calls[0].meta["val"].shape == q.shape and calls[0].meta["val"].dtype == q.dtype
+
+
+def test_the_opaque_gluon_op_falls_back_to_the_triton_kernel_where_gluon_cannot_serve(triton_device):
+    """At run time (here: no Hopper GPU, or a view TMA cannot address) the op runs the Triton kernel instead."""
+    q, k, v = qkv(triton_device, torch.float16, hq=4, hkv=2, nq=77, nk=77, d=64)
+    out = torch.ops.fullgraph.flash_attention_gluon(q, k, v, True, 0.125, [int(x) for x in fa.gluon_tile(64, 77)])
+    if fa._on_hopper(q.device):
+        pytest.skip("on Hopper this runs the Gluon kernel: test_the_gluon_variant_matches_float64 covers it")
+    assert rel_err(out, attention_ref(q, k, v, True, 0.125)) < TOL[torch.float16]
 
 
 def _gluon_failure(out, ref, n_k, cfg, dtype, causal) -> list[str]:

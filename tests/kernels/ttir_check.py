@@ -81,7 +81,34 @@ def build_cubin(kernel, signature, constexprs, num_warps: int, num_stages: int) 
     if kernel.is_gluon():
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    triton.compile(source, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    compiled = triton.compile(source, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    serialized = wgmma_serialized(compiled.asm["ptx"])
+    if serialized:
+        raise RuntimeError(serialized)
+
+
+def wgmma_serialized(ptx: str) -> str:
+    """ptxas's note when it serializes every wgmma of a kernel (each product waited on before the next issues),
+    which triton's own build does not show: "" when there is none. It happens when an instruction touches the
+    accumulator of a product in flight (C7514); the Gluon kernel's first form lost a quarter of its speed so."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.environ.get("TRITON_PTXAS_PATH") or os.path.join(
+        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        arch = "sm_90a" if ".target sm_90a" in ptx else "sm_90"
+        done = subprocess.run([ptxas, f"-arch={arch}", "-v", path, "-o", path + ".cubin"], capture_output=True,
+                              text=True)  # fmt: skip
+    notes = [line for line in (done.stdout + done.stderr).splitlines() if "serialized" in line]
+    return notes[0].split("Potential Performance Loss: ")[-1] if notes else ""
 
 
 def cases():
@@ -108,10 +135,11 @@ def cases():
     q256 = torch.randn(1, 4, 256, 128, **bf16)
     yield "flash_attention ws_tile", lambda: _with_config(fa.WS_TILE, q256, q256, False)
     if gluon_builds():
-        for block_n, stages, causal in ((128, 2, False), (64, 3, False), (128, 2, True)):
-            cfg = fa.Config(128, block_n, 8, stages, gluon=True)
+        for block_n, stages, causal, ws in ((128, 2, False, False), (64, 3, False, False), (128, 2, True, False),
+                                             (128, 2, False, True), (64, 4, True, True)):  # fmt: skip
+            cfg = fa.Config(128, block_n, 4 if ws else 8, stages, ws=ws, gluon=True)
             yield (
-                f"flash_attention gluon {block_n}/{stages} causal={int(causal)}",
+                f"flash_attention gluon{' ws' if ws else ''} {block_n}/{stages} causal={int(causal)}",
                 lambda c=cfg, causal=causal: _with_config(c, q, q, causal),
             )
 
@@ -137,6 +165,7 @@ def main() -> int:
     failed = 0
     for module in (fa, modulate, rms_norm, rope):  # the modules that launch (layer_norm uses rms_norm's)
         module.launch = _Record
+    fa.launch_direct = _Record  # the Gluon kernel's launch
     fa._tma_fits = lambda *tensors: True  # the cases' tensors are aligned; on the CPU the check says no GPU
     fa._gluon_refusal = lambda *args: ""  # likewise: it refuses anything but a Hopper GPU
     for name, call in cases():

@@ -50,18 +50,19 @@ def _flash_attention_fwd_kernel():
 def _gluon_kernel():
     require_triton()
     try:
-        from fullgraph.kernels._flash_attention_gluon import flash_attention_fwd_gluon_kernel
+        from fullgraph.kernels import _flash_attention_gluon as gluon
     except ImportError as e:
         raise UsageError(f"flash_attention: the Gluon variant needs Triton's Gluon dialect (triton >= 3.6): {e}") from e
-    return flash_attention_fwd_gluon_kernel
+    return gluon.flash_attention_fwd_gluon_kernel
 
 
 class Config(NamedTuple):
     """One launch configuration. `tma`: load q/k/v and store out through tensor descriptors (Hopper's TMA unit;
     used only when every base and row stride is 16-byte aligned). `ws`: warp-specialize the unmasked key loop
     (producer warps load, consumer warps compute); only with `tma`, as Triton's Hopper pass needs descriptor
-    loads. `gluon`: run the hand-scheduled Gluon kernel (`_flash_attention_gluon.py`; BLOCK_M = 16 · warps,
-    num_stages = its key/value ring slots); only through `override` until measured on a GPU."""
+    loads. `gluon`: run the hand-scheduled Gluon kernel (`_flash_attention_gluon.py`; num_stages = its
+    key/value ring slots; BLOCK_M = 16 · warps, or with `ws` two consumer warp groups of 16 · warps rows each
+    fed by a loader warp)."""
 
     block_m: int
     block_n: int
@@ -77,11 +78,22 @@ override: Config | None = None
 
 
 def config(
-    head_dim: int, dtype: torch.dtype, n_q: int, batch_heads: int, tma: bool = False, ws: bool = False
+    head_dim: int,
+    dtype: torch.dtype,
+    n_q: int,
+    batch_heads: int,
+    tma: bool = False,
+    ws: bool = False,
+    gluon: bool = False,
 ) -> Config:
     """The launch configuration for a problem (BLOCK_M is a multiple of BLOCK_N: see the kernel). `tma`: tensor
     descriptors can address the inputs (`_tma_fits`); `ws`: warp specialization was measured to work here
-    (`_ws_measured`).
+    (`_ws_measured`); `gluon`: the Gluon kernel can serve (`_gluon_refusal` of its tile says nothing).
+
+    Where it serves (Hopper, fp16/bf16, head dim 64 or 128), the Gluon kernel is fastest
+    (results/tune_attention_gluon_h200.csv): head dim 128 with the warp-specialized tile, 625 TFLOP/s at
+    1x24x4096 (0.93x cuDNN; the Triton kernel's best 561), 624 at 16384, 485 causal at 4096 (Triton 405); head
+    dim 64 with one warp group and 128-key blocks, 448 at 1x12x4096 (Triton 393), 64-key blocks on short rows.
 
     From the H200 sweeps in benchmarks/results/tune_attention_*h200.csv (bf16; `benchmarks/tune_attention.py`):
     head dim 128 with TMA runs best as 128x128 tiles, 4 warps and a warp-specialized key loop (565 TFLOP/s at
@@ -94,6 +106,8 @@ def config(
     if env.triton_interpret():
         # BLOCK_M = 2 · BLOCK_N as on the GPU, so the causal diagonal spans two key blocks in tests too
         return Config(32, 16, 4, 1)
+    if gluon:
+        return gluon_tile(head_dim, n_q)
     if dtype == torch.float32:
         # 4-byte tiles and IEEE (non-tensor-core) dots: smaller tiles to fit shared memory and registers
         return Config(64, 32, 4, 2)
@@ -106,6 +120,15 @@ def config(
         return Config(128, 64, 4, 2, tma=True) if many else Config(64, 64, 4, 3)
     return Config(64, 32, 8, 2)
 
+
+def gluon_tile(head_dim: int, n_q: int) -> Config:
+    """The Gluon kernel's tile for a head dim it serves (64 or 128; see `config`)."""
+    if head_dim > 64:
+        return GLUON_TILE
+    return Config(64, 128, 4, 2, gluon=True) if n_q > 256 else Config(64, 64, 4, 2, gluon=True)
+
+
+GLUON_TILE = Config(128, 128, 4, 2, ws=True, gluon=True)
 
 # Measured correct and fastest with Triton 3.6 on the H200 (results/tune_attention_ws_h200.csv). There, with
 # warp specialization, num_stages=3 gave NaNs and causal masking gave wrong outputs (relative error 0.19): the
@@ -165,8 +188,12 @@ def _gluon_refusal(q: torch.Tensor, scale: float, cfg: Config, tma_fits: bool, o
         return f"it needs head dim 64 or 128 in float16 or bfloat16, got {q.shape[-1]} in {q.dtype}"
     if not tma_fits:
         return "q, k, v and out need 16-byte aligned bases and row strides (TMA)"
-    if cfg.block_m != 16 * cfg.num_warps:
-        return f"BLOCK_M must be 16 · num_warps (64 rows per warp group), got {cfg.block_m} with {cfg.num_warps}"
+    groups = 2 if cfg.ws else 1  # warp-specialized: two consumer partitions of num_warps each
+    if cfg.block_m != 16 * cfg.num_warps * groups:
+        return (
+            f"BLOCK_M must be 16 · num_warps{' · 2' if cfg.ws else ''} (16 rows per warp), "
+            f"got {cfg.block_m} with {cfg.num_warps} warps"
+        )
     return ""
 
 
@@ -226,22 +253,21 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     import triton
 
     tma_fits = _tma_fits(q, k, v, out)
-    cfg = config(d, q.dtype, nq, b * hq, tma_fits, _ws_fits(causal, nk, tma_fits, q.device))
-    tma = cfg.tma and tma_fits
-    if (tma or cfg.gluon) and not env.triton_interpret():
-        triton.set_allocator(_scratch)
-    grid = (triton.cdiv(nq, cfg.block_m), b * hq)
+    on_hopper = _on_hopper(q.device)
+    gluon = on_hopper and not _gluon_refusal(q, scale, gluon_tile(d, nq), tma_fits, on_hopper)
+    cfg = config(d, q.dtype, nq, b * hq, tma_fits, _ws_fits(causal, nk, tma_fits, q.device), gluon)
     if cfg.gluon:
-        reason = _gluon_refusal(q, scale, cfg, tma_fits, _on_hopper(q.device))
+        reason = _gluon_refusal(q, scale, cfg, tma_fits, on_hopper)
         if reason:
             raise UsageError(f"flash_attention: the Gluon variant cannot serve these inputs: {reason}")
-        launch(_gluon_kernel())[grid](
-            q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-            hq, hq // hkv, nq, nk, scale * _LOG2E,
-            CAUSAL=causal, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
-            num_warps=cfg.num_warps,
-        )  # fmt: skip
-        return out
+        if any(type(t) is not torch.Tensor for t in (q, k, v)):
+            # traced (torch.compile, export): Inductor cannot build Gluon kernels, so the graph calls an opaque op
+            return torch.ops.fullgraph.flash_attention_gluon(q, k, v, causal, scale, list(cfg))
+        return _launch_gluon(q, k, v, out, causal, scale, cfg)
+    tma = cfg.tma and tma_fits
+    if tma and not env.triton_interpret():
+        triton.set_allocator(_scratch)
+    grid = (triton.cdiv(nq, cfg.block_m), b * hq)
     launch(kernel)[grid](
         q, k, v, out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -254,3 +280,41 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
+
+
+def launch_direct(kernel):
+    """A kernel torch never traces (Gluon), launched as it is; tests/kernels/ttir_check.py records it instead."""
+    return kernel
+
+
+def _launch_gluon(q, k, v, out, causal: bool, scale: float, cfg: Config) -> torch.Tensor:
+    """Run the Gluon kernel (always directly: torch never traces it, see `flash_attention_gluon`)."""
+    import triton
+
+    (b, hq, nq, d), hkv, nk = q.shape, k.shape[1], k.shape[2]
+    triton.set_allocator(_scratch)
+    launch_direct(_gluon_kernel())[(triton.cdiv(nq, cfg.block_m), b * hq)](
+        q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        hq, hq // hkv, nq, nk, scale * _LOG2E,
+        CAUSAL=causal, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+        WS=bool(cfg.ws), num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return out
+
+
+@torch.library.custom_op("fullgraph::flash_attention_gluon", mutates_args=())
+def flash_attention_gluon(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, cfg: list[int]
+) -> torch.Tensor:
+    """The Gluon kernel as an opaque op: what a traced `flash_attention` records when its configuration is
+    Gluon (Inductor builds only plain Triton kernels). `cfg` is the Config chosen at trace time; inputs that
+    turn out unservable at run time (a misaligned view) take the Triton kernel instead."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    chosen = Config(*cfg)
+    if _gluon_refusal(q, scale, chosen, _tma_fits(q, k, v, out), _on_hopper(q.device)):
+        return flash_attention_fwd.launcher(q, k, v, causal, scale)
+    return _launch_gluon(q, k, v, out, causal, scale, chosen)
+
+
+flash_attention_gluon.register_fake(lambda q, k, v, causal, scale, cfg: _fake(q, k, v, causal, scale))
