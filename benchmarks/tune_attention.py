@@ -208,23 +208,31 @@ def stress(cfg, repeats=5):
 
 def compiled_check():
     """Each kernel variant through torch.compile (Inductor launches the triton_op), plain and CUDA-graphed."""
+    from torch._inductor.utils import fresh_inductor_cache
+
     q, k, v = (torch.randn(1, 24, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for cfg in (None, fa.Config(128, 64, 4, 2, True), fa.Config(64, 64, 4, 3, False)):  # None: the default (Gluon)
         fa.override = cfg
         for mode in ("default", "reduce-overhead"):
             torch._dynamo.reset()
-            fn = torch.compile(lambda q, k, v: torch.ops.fullgraph.flash_attention(q, k, v, True, 0.088), mode=mode,
-                               fullgraph=True)  # fmt: skip
-            try:
-                eager = fa.flash_attention_fwd(q, k, v, True, 0.088)
-                out = fn(q, k, v).clone()
-                out = fn(q, k, v).clone()
-                err = rel_err(out, eager.float())
-                ms = measure(lambda fn=fn: fn(q, k, v), reps=20).median_ms
-                print(f"# compiled {mode} {cfg}: rel err vs eager {err:.2e}, {ms * 1e3:.1f} us", flush=True)
-            except Exception as e:
-                print(f"# compiled {mode} {cfg}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
+            # the graph is the same for every configuration: without a fresh cache the first one's build is reused
+            with fresh_inductor_cache():
+                _compiled_point(q, k, v, cfg, mode)
     fa.override = None
+
+
+def _compiled_point(q, k, v, cfg, mode):
+    fn = torch.compile(lambda q, k, v: torch.ops.fullgraph.flash_attention(q, k, v, True, 0.088), mode=mode,
+                       fullgraph=True)  # fmt: skip
+    try:
+        eager = fa.flash_attention_fwd(q, k, v, True, 0.088)
+        out = fn(q, k, v).clone()
+        out = fn(q, k, v).clone()
+        err = rel_err(out, eager.float())
+        ms = measure(lambda: fn(q, k, v), reps=20).median_ms
+        print(f"# compiled {mode} {cfg}: rel err vs eager {err:.2e}, {ms * 1e3:.1f} us", flush=True)
+    except Exception as e:
+        print(f"# compiled {mode} {cfg}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
 
 
 def _summary(shape, causal, res, flops):
