@@ -194,14 +194,17 @@ def test_the_gluon_variant_matches_float64(monkeypatch, cfg):
 
 @pytest.mark.parametrize(
     "head_dim, n_q, want",
-    [(128, 4096, fa.GLUON_TILE), (128, 197, fa.GLUON_TILE), (64, 4096, fa.Config(64, 128, 4, 2, gluon=True)),
-     (64, 197, fa.Config(64, 64, 4, 2, gluon=True))],
+    [(128, 4096, fa.GLUON_TILE), (128, 2048, fa.GLUON_TILE), (64, 16384, fa.Config(64, 128, 4, 2, gluon=True)),
+     (128, 2047, None), (64, 197, None)],
 )  # fmt: skip
-def test_config_takes_the_gluon_tile_only_where_gluon_serves(monkeypatch, head_dim, n_q, want):
+def test_config_takes_the_gluon_tile_only_where_gluon_serves_and_pays(monkeypatch, head_dim, n_q, want):
+    """`want` None: a sequence too short for the Gluon kernel to pay, where the Triton kernel's tile is used."""
     monkeypatch.setattr(fa.env, "triton_interpret", lambda: False)
-    assert fa.config(head_dim, torch.bfloat16, n_q, 24, True, True, True) == want
+    got = fa.config(head_dim, torch.bfloat16, n_q, 24, True, True, True)
+    assert got == want if want else not got.gluon
     assert not fa.config(head_dim, torch.bfloat16, n_q, 24, True, True, False).gluon
-    assert fa._gluon_refusal(torch.empty(1, 1, n_q, head_dim, dtype=torch.bfloat16), 0.1, want, True, True) == ""
+    tile = fa.gluon_tile(head_dim)
+    assert fa._gluon_refusal(torch.empty(1, 1, n_q, head_dim, dtype=torch.bfloat16), 0.1, tile, True, True) == ""
 
 
 @pytest.fixture
@@ -218,13 +221,13 @@ def as_on_hopper(monkeypatch):
 @pytest.mark.parametrize("d, dtype, gluon", [(128, torch.bfloat16, True), (64, torch.float16, True),
                                              (80, torch.bfloat16, False), (128, torch.float32, False)])  # fmt: skip
 def test_on_hopper_the_launcher_runs_gluon_where_it_serves(as_on_hopper, d, dtype, gluon):
-    q, k, v = qkv("cpu", dtype, nq=256, nk=256, d=d)
+    n = fa.GLUON_MIN_QUERIES
+    q, k, v = qkv("cpu", dtype, nq=n, nk=n, d=d)
     if not gluon:  # the Triton kernel would run: nothing to launch on this machine, only the decision matters
-        assert fa.config(d, dtype, 256, 2, True, True, False).gluon is False
-        assert fa._gluon_refusal(q, 0.1, fa.gluon_tile(d, 256), True, True) != ""
+        assert fa._gluon_refusal(q, 0.1, fa.gluon_tile(d), True, True) != ""
         return
     flash_attention_fwd.launcher(q, k, v, False, 0.1)
-    assert as_on_hopper == [fa.gluon_tile(d, 256)]
+    assert as_on_hopper == [fa.gluon_tile(d)]
 
 
 def test_a_traced_call_records_the_gluon_kernel_as_an_opaque_op(as_on_hopper):
@@ -232,7 +235,8 @@ def test_a_traced_call_records_the_gluon_kernel_as_an_opaque_op(as_on_hopper):
     fullgraph.flash_attention_gluon with the chosen tile, and nothing launches while tracing."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    q, k, v = qkv("cpu", torch.bfloat16, hq=4, hkv=2, nq=300, nk=300, d=128)
+    n = fa.GLUON_MIN_QUERIES + 77
+    q, k, v = qkv("cpu", torch.bfloat16, hq=4, hkv=2, nq=n, nk=n, d=128)
     graph = make_fx(lambda q, k, v: flash_attention_fwd.launcher(q, k, v, True, 0.1), tracing_mode="fake")(q, k, v)
     calls = [n for n in graph.graph.nodes if n.op == "call_function" and "flash_attention_gluon" in str(n.target)]
     assert len(calls) == 1 and as_on_hopper == []
@@ -243,7 +247,7 @@ def test_a_traced_call_records_the_gluon_kernel_as_an_opaque_op(as_on_hopper):
 def test_the_opaque_gluon_op_falls_back_to_the_triton_kernel_where_gluon_cannot_serve(triton_device):
     """At run time (here: no Hopper GPU, or a view TMA cannot address) the op runs the Triton kernel instead."""
     q, k, v = qkv(triton_device, torch.float16, hq=4, hkv=2, nq=77, nk=77, d=64)
-    out = torch.ops.fullgraph.flash_attention_gluon(q, k, v, True, 0.125, [int(x) for x in fa.gluon_tile(64, 77)])
+    out = torch.ops.fullgraph.flash_attention_gluon(q, k, v, True, 0.125, [int(x) for x in fa.gluon_tile(64)])
     if fa._on_hopper(q.device):
         pytest.skip("on Hopper this runs the Gluon kernel: test_the_gluon_variant_matches_float64 covers it")
     assert rel_err(out, attention_ref(q, k, v, True, 0.125)) < TOL[torch.float16]

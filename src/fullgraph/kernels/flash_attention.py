@@ -90,10 +90,13 @@ def config(
     descriptors can address the inputs (`_tma_fits`); `ws`: warp specialization was measured to work here
     (`_ws_measured`); `gluon`: the Gluon kernel can serve (`_gluon_refusal` of its tile says nothing).
 
-    Where it serves (Hopper, fp16/bf16, head dim 64 or 128), the Gluon kernel is fastest
-    (results/tune_attention_gluon_h200.csv): head dim 128 with the warp-specialized tile, 625 TFLOP/s at
-    1x24x4096 (0.93x cuDNN; the Triton kernel's best 561), 624 at 16384, 485 causal at 4096 (Triton 405); head
-    dim 64 with one warp group and 128-key blocks, 448 at 1x12x4096 (Triton 393), 64-key blocks on short rows.
+    Where it serves (Hopper, fp16/bf16, head dim 64 or 128) on GLUON_MIN_QUERIES queries or more, the Gluon
+    kernel is fastest (results/tune_attention_gluon_h200.csv): head dim 128 with the warp-specialized tile, 625
+    TFLOP/s at 1x24x4096 (0.93x cuDNN; the Triton kernel's best 561), 624 at 16384, 485 causal at 4096 (Triton
+    405); head dim 64 with one warp group and 128-key blocks, 448 at 1x12x4096 (Triton 393). On short rows its
+    per-program start (four tensor descriptors built in the kernel, the partitions) does not pay: `bench attention`
+    measured it at 0.68-0.89x the Triton kernel at 197 and 1024 tokens in 7 of 8 points
+    (results/attention_h200.csv at d38f058 against bc3a526's), and 1.05-1.20x at 4096 and 16384 in all 8.
 
     From the H200 sweeps in benchmarks/results/tune_attention_*h200.csv (bf16; `benchmarks/tune_attention.py`):
     head dim 128 with TMA runs best as 128x128 tiles, 4 warps and a warp-specialized key loop (565 TFLOP/s at
@@ -106,8 +109,8 @@ def config(
     if env.triton_interpret():
         # BLOCK_M = 2 · BLOCK_N as on the GPU, so the causal diagonal spans two key blocks in tests too
         return Config(32, 16, 4, 1)
-    if gluon:
-        return gluon_tile(head_dim, n_q)
+    if gluon and n_q >= GLUON_MIN_QUERIES:
+        return gluon_tile(head_dim)
     if dtype == torch.float32:
         # 4-byte tiles and IEEE (non-tensor-core) dots: smaller tiles to fit shared memory and registers
         return Config(64, 32, 4, 2)
@@ -121,14 +124,14 @@ def config(
     return Config(64, 32, 8, 2)
 
 
-def gluon_tile(head_dim: int, n_q: int) -> Config:
+def gluon_tile(head_dim: int) -> Config:
     """The Gluon kernel's tile for a head dim it serves (64 or 128; see `config`)."""
-    if head_dim > 64:
-        return GLUON_TILE
-    return Config(64, 128, 4, 2, gluon=True) if n_q > 256 else Config(64, 64, 4, 2, gluon=True)
+    return GLUON_TILE if head_dim > 64 else Config(64, 128, 4, 2, gluon=True)
 
 
 GLUON_TILE = Config(128, 128, 4, 2, ws=True, gluon=True)
+# Below this many queries the Triton kernel is faster (see `config`); 2048 itself lies between measured points.
+GLUON_MIN_QUERIES = 2048
 
 # Measured correct and fastest with Triton 3.6 on the H200 (results/tune_attention_ws_h200.csv). There, with
 # warp specialization, num_stages=3 gave NaNs and causal masking gave wrong outputs (relative error 0.19): the
@@ -254,7 +257,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
     tma_fits = _tma_fits(q, k, v, out)
     on_hopper = _on_hopper(q.device)
-    gluon = on_hopper and not _gluon_refusal(q, scale, gluon_tile(d, nq), tma_fits, on_hopper)
+    gluon = on_hopper and not _gluon_refusal(q, scale, gluon_tile(d), tma_fits, on_hopper)
     cfg = config(d, q.dtype, nq, b * hq, tma_fits, _ws_fits(causal, nk, tma_fits, q.device), gluon)
     if cfg.gluon:
         reason = _gluon_refusal(q, scale, cfg, tma_fits, on_hopper)
