@@ -12,9 +12,10 @@ once, and fused with the max subtraction) so each element costs one FMA and one 
 range needing no mask (every key exists and, when causal, precedes the whole query block) and a short masked
 tail (the last partial block, the causal diagonal). On Hopper, loads and the store can go through tensor
 descriptors (TMA), and a non-causal call over whole key blocks runs one warp-specialized loop (producer warps
-load while consumer warps compute: `WS_TILE`). A Gluon kernel with FlashAttention-3's intra-warpgroup schedule
-(`_flash_attention_gluon.py`) is selectable through `override` only, until measured. The Triton code is in
-`_flash_attention_jit.py`; measured speed in docs/attention-benchmark.md.
+load while consumer warps compute: `WS_TILE`). On Hopper, from GLUON_MIN_QUERIES queries, inputs the Gluon
+kernel serves (`_flash_attention_gluon.py`: FlashAttention-3's schedule, 0.93-1.00x cuDNN at 4096-16384 tokens)
+go to it instead; traced calls reach it through an opaque op (Inductor builds only Triton kernels). The Triton
+code is in `_flash_attention_jit.py`; measured speed in docs/attention-benchmark.md.
 
 FLOPs: 4·B·Hq·Nq·Nk·D (two matmuls), about half that when causal. Memory traffic: q read and out written once
 (2·B·Hq·Nq·D·bytes); k and v read once per query block, 2·B·Hq·Nk·D·bytes·ceil(Nq / BLOCK_M) (query heads
