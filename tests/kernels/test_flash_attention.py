@@ -135,6 +135,7 @@ GLUON = fa.Config(128, 128, 8, 2, gluon=True)
     [
         ({}, ""),
         ({"on_hopper": False}, "Hopper GPUs only"),
+        ({"triton": (3, 5)}, "triton >= 3.6"),
         ({"scale": -0.1}, "positive scale"),
         ({"tma_fits": False}, "16-byte aligned"),
         ({"cfg": GLUON._replace(num_warps=4)}, "BLOCK_M must be 16 · num_warps"),
@@ -143,7 +144,9 @@ GLUON = fa.Config(128, 128, 8, 2, gluon=True)
         ({"dtype": torch.float32}, "float16 or bfloat16"),
     ],
 )
-def test_the_gluon_variant_says_what_it_cannot_serve(change, reason):
+def test_the_gluon_variant_says_what_it_cannot_serve(monkeypatch, change, reason):
+    triton = change.pop("triton", (3, 6))
+    monkeypatch.setattr(fa.env, "triton_at_least", lambda *version: triton >= version)
     args = {"scale": 0.1, "cfg": GLUON, "tma_fits": True, "on_hopper": True}
     q = torch.empty(1, 2, 64, change.pop("d", 128), dtype=change.pop("dtype", torch.bfloat16))
     args.update(change)

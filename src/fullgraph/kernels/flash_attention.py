@@ -186,6 +186,8 @@ def _gluon_refusal(q: torch.Tensor, scale: float, cfg: Config, tma_fits: bool, o
     """Why the Gluon variant cannot serve these inputs; "" when it can."""
     if not on_hopper:
         return "it runs on Hopper GPUs only (wgmma), not under the interpreter"
+    if not env.triton_at_least(3, 6):
+        return "it needs triton >= 3.6 (the Gluon API it is written against; built with 3.6 to 3.9)"
     if scale <= 0:
         return "it needs a positive scale"
     if q.shape[-1] not in (64, 128) or q.dtype not in (torch.float16, torch.bfloat16):
