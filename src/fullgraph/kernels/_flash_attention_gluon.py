@@ -15,13 +15,13 @@ before the softmax of S_j), ptxas serializes every wgmma of the kernel (its C751
 for the Triton kernel at 1x24x4096x128). Keys and values stream through a ring of STAGES shared-memory slots
 filled by TMA. The kernel has two forms (`WS`), which share the consumer:
 
-- WS (the default on Hopper for head dim 128): a loader warp fills the ring
-  and two consumer partitions of 4 warps (64 rows each) release each slot with an mbarrier arrive once their
-  product reading it is done; neither waits for the other, so one's softmax overlaps the other's products
-  (625 TFLOP/s at 1x24x4096x128, 0.93x cuDNN; `results/tune_attention_gluon_h200.csv`).
-- otherwise the warps of the program consume and refill the ring themselves, after
-  a barrier of the whole program per block. Best for head dim 64 with one warp group; with two warp groups the
-  barrier keeps them in lockstep (468 TFLOP/s at 128x128, 8 warps).
+- WS (the default on Hopper for head dim 128): a loader warp fills the ring and two consumer partitions of 4
+  warps (64 rows each) release each slot with an mbarrier arrive once their product reading it is done; neither
+  waits for the other, so one's softmax overlaps the other's products (625 TFLOP/s at 1x24x4096x128, 0.93x
+  cuDNN; `results/tune_attention_gluon_h200.csv`).
+- Otherwise the warps of the program consume and refill the ring themselves, after a barrier of the whole
+  program per block. Used for head dim 64 with one warp group; with two warp groups the barrier keeps them in
+  lockstep (468 TFLOP/s at 128x128 tiles, 8 warps).
 
 The key blocks that need a mask (a partial last block, the causal diagonal) take it in the softmax step. Serves
 a positive scale, head dim 64 or 128, fp16/bf16, TMA-aligned inputs; the launcher checks. Compiled for sm_90a in
