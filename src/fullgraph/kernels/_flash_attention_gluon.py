@@ -87,11 +87,13 @@ def _release(empty, desc, smem, ready, block, n_blocks, WS: gl.constexpr, STAGES
 
 
 @gluon.jit
-def _consume(q_smem, q_bar, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, o_desc, qk_scale,
-             row0, n_kv, n_blocks, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
-             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr):  # fmt: skip
+def _consume(q_smem, q_bar, ring, o_desc, qk_scale, row0, n_kv, n_blocks, CAUSAL: gl.constexpr,
+             HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             WS: gl.constexpr):  # fmt: skip
     """ROWS query rows from row0 (64 per warp group of the calling warps) over every key block, in the order of
-    the module docstring; then the output through this consumer's q tile and a TMA store."""
+    the module docstring; then the output through this consumer's q tile and a TMA store. `ring`: the key/value
+    ring as `_setup` returns it."""
+    k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = ring
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -147,10 +149,11 @@ def _consume(q_smem, q_bar, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_
 
 
 @gluon.jit
-def _ws_loader(q_desc, k_desc, v_desc, q_smem, q_bars, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-               start_m, n_blocks, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr):  # fmt: skip
+def _ws_loader(q_desc, q_smem, q_bars, ring, start_m, n_blocks, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+               ROWS: gl.constexpr):  # fmt: skip
     """One warp: both consumers' q tiles, then every key/value block into its ring slot once both consumers
     have released the slot's previous block (k and v apart, so q·kᵀ can start before v lands)."""
+    k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = ring
     for c in gl.static_range(2):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [start_m + c * ROWS, 0], q_bars.index(c), q_smem.index(c))
@@ -169,7 +172,8 @@ def _setup(Q, K, V, Out, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, 
            CONSUMERS: gl.constexpr):  # fmt: skip
     """This program's tile, tensor descriptors (q and out in tiles of BLOCK_M // CONSUMERS rows), shared memory
     (a q tile per consumer, the key and value rings) and initialized barriers (empty ones count one arrive per
-    consumer), and its number of key blocks."""
+    consumer), and its number of key blocks. The key/value side comes as one tuple, `ring`: (k and v
+    descriptors, k and v slots, their ready barriers, their empty barriers)."""
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS
     dtype: gl.constexpr = Q.dtype.element_ty
     start_m, b, h, kv_h = program_tile(n_heads, group, CAUSAL, BLOCK_M)
@@ -201,8 +205,8 @@ def _setup(Q, K, V, Out, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, 
     fence_async_shared()
     hi = gl.minimum(start_m + BLOCK_M, n_kv) if CAUSAL else n_kv  # keys past the last query row add nothing
     n_blocks = gl.cdiv(hi, BLOCK_N)
-    return (start_m, q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-            v_empty, n_blocks)  # fmt: skip
+    ring = (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty)
+    return start_m, q_desc, o_desc, q_smem, q_bars, ring, n_blocks
 
 
 @gluon.jit
@@ -221,117 +225,30 @@ def flash_attention_fwd_gluon_kernel(
     qk_scale = qk_scale.to(gl.float32)  # Inductor passes Python floats as fp64 (see _flash_attention_jit.py)
     CONSUMERS: gl.constexpr = 2 if WS else 1
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS
-    (start_m, q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-     n_blocks) = _setup(Q, K, V, Out, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb,
-                        stride_vh, stride_vn, stride_ob, stride_oh, stride_on, n_heads, group, n_q, n_kv, CAUSAL,
-                        HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)  # fmt: skip
+    start_m, q_desc, o_desc, q_smem, q_bars, ring, n_blocks = _setup(
+        Q, K, V, Out, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+        stride_vn, stride_ob, stride_oh, stride_on, n_heads, group, n_q, n_kv, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+        STAGES, CONSUMERS,
+    )  # fmt: skip
     if WS:
         gl.warp_specialize(
             [
-                (
-                    _consume,
-                    (
-                        q_smem.index(0),
-                        q_bars.index(0),
-                        k_desc,
-                        v_desc,
-                        k_smem,
-                        v_smem,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        o_desc,
-                        qk_scale,
-                        start_m,
-                        n_kv,
-                        n_blocks,
-                        CAUSAL,
-                        HEAD_DIM,
-                        ROWS,
-                        BLOCK_N,
-                        STAGES,
-                        True,
-                    ),
-                ),
-                (
-                    _consume,
-                    (
-                        q_smem.index(1),
-                        q_bars.index(1),
-                        k_desc,
-                        v_desc,
-                        k_smem,
-                        v_smem,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        o_desc,
-                        qk_scale,
-                        start_m + ROWS,
-                        n_kv,
-                        n_blocks,
-                        CAUSAL,
-                        HEAD_DIM,
-                        ROWS,
-                        BLOCK_N,
-                        STAGES,
-                        True,
-                    ),
-                ),
-                (
-                    _ws_loader,
-                    (
-                        q_desc,
-                        k_desc,
-                        v_desc,
-                        q_smem,
-                        q_bars,
-                        k_smem,
-                        v_smem,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        start_m,
-                        n_blocks,
-                        STAGES,
-                        BLOCK_N,
-                        ROWS,
-                    ),
-                ),
+                (_consume, (q_smem.index(0), q_bars.index(0), ring, o_desc, qk_scale, start_m, n_kv, n_blocks, CAUSAL,
+                            HEAD_DIM, ROWS, BLOCK_N, STAGES, True)),
+                (_consume, (q_smem.index(1), q_bars.index(1), ring, o_desc, qk_scale, start_m + ROWS, n_kv, n_blocks,
+                            CAUSAL, HEAD_DIM, ROWS, BLOCK_N, STAGES, True)),
+                (_ws_loader, (q_desc, q_smem, q_bars, ring, start_m, n_blocks, STAGES, BLOCK_N, ROWS)),
             ],
             [gl.num_warps(), 1],  # the consumer partition beside the default one, the loader
             [232, 40],  # registers per thread (setmaxnreg): consumers hold S, P and the accumulator; the loader little
-        )
+        )  # fmt: skip
     else:
+        k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, _, _ = ring  # the empty barriers: WS only
         _cta_barrier()  # the barriers are initialized (by one thread) before any warp waits on them
         mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)
         _tma_load(q_desc, [start_m, 0], q_bars.index(0), q_smem.index(0))
         for i in gl.static_range(STAGES):
             _load_kv(k_desc, k_smem, k_ready, i, i < n_blocks, STAGES, BLOCK_N)
             _load_kv(v_desc, v_smem, v_ready, i, i < n_blocks, STAGES, BLOCK_N)
-        _consume(
-            q_smem.index(0),
-            q_bars.index(0),
-            k_desc,
-            v_desc,
-            k_smem,
-            v_smem,
-            k_ready,
-            v_ready,
-            k_empty,
-            v_empty,
-            o_desc,
-            qk_scale,
-            start_m,
-            n_kv,
-            n_blocks,
-            CAUSAL,
-            HEAD_DIM,
-            ROWS,
-            BLOCK_N,
-            STAGES,
-            False,
-        )
+        _consume(q_smem.index(0), q_bars.index(0), ring, o_desc, qk_scale, start_m, n_kv, n_blocks, CAUSAL, HEAD_DIM,
+                 ROWS, BLOCK_N, STAGES, False)  # fmt: skip
