@@ -236,6 +236,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> N
         raise UsageError(f"flash_attention: q's batch · heads = {b * hq} exceeds the kernel's grid limit {_MAX_GRID_Y}")
 
 
+def _unit_last_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each tensor as it is when its last dim has unit stride (what both kernels need), else a contiguous copy."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
 def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
@@ -247,7 +252,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     Any strides are used in place as long as the last dim has unit stride; otherwise that input is copied.
     """
     _check(q, k, v, causal)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = _unit_last_stride(q, k, v)
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -260,7 +265,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
     tma_fits = _tma_fits(q, k, v, out)
     on_hopper = _on_hopper(q.device)
-    gluon = on_hopper and not _gluon_refusal(q, scale, gluon_tile(d), tma_fits, on_hopper)
+    gluon = not _gluon_refusal(q, scale, gluon_tile(d), tma_fits, on_hopper)
     cfg = config(d, q.dtype, nq, b * hq, tma_fits, _ws_fits(causal, nk, tma_fits, q.device), gluon)
     if cfg.gluon:
         reason = _gluon_refusal(q, scale, cfg, tma_fits, on_hopper)
@@ -315,7 +320,7 @@ def flash_attention_gluon(
     """The Gluon kernel as an opaque op: what a traced `flash_attention` records when its configuration is
     Gluon (Inductor builds only plain Triton kernels). `cfg` is the Config chosen at trace time; inputs that
     turn out unservable at run time (a misaligned view) take the Triton kernel instead."""
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = _unit_last_stride(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     chosen = Config(*cfg)
     if _gluon_refusal(q, scale, chosen, _tma_fits(q, k, v, out), _on_hopper(q.device)):
