@@ -36,7 +36,7 @@ TILES = {
 }  # fmt: skip
 SHORT_TILES = {128: [(128, 64, 4, 2, True), (64, 64, 4, 3, False)], 64: [(128, 64, 4, 2, False), (64, 64, 4, 3, False)]}
 WS_TILES = [(128, 128, 4, 2), (128, 64, 4, 2), (64, 64, 4, 3)]
-# the hand-scheduled Gluon kernel: BLOCK_M = 16 · warps, stages = ring slots
+# the hand-scheduled Gluon kernel: BLOCK_M = 16 · warps (· 2 with ws: two consumer partitions), stages = ring slots
 GLUON_TILES = [fa.Config(128, 128, 4, 2, ws=True, gluon=True), fa.Config(64, 64, 4, 2, gluon=True),
                fa.Config(128, 64, 4, 3, ws=True, gluon=True), fa.Config(128, 64, 4, 4, ws=True, gluon=True),
                fa.Config(64, 64, 4, 3, gluon=True), fa.Config(64, 128, 4, 2, gluon=True),

@@ -97,6 +97,8 @@ def wgmma_serialized(ptx: str) -> str:
 
     import triton
 
+    if "wgmma" not in ptx:  # nothing to serialize (the row kernels, Triton kernels built without wgmma)
+        return ""
     ptxas = os.environ.get("TRITON_PTXAS_PATH") or os.path.join(
         os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"
     )
