@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fullgraph.bench import results
-from fullgraph.bench.timing import Measurement, Timing
+from fullgraph.timing import Measurement, Timing
 from fullgraph.errors import UsageError
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fullgraph import env
-from fullgraph.bench.timing import measure
+from fullgraph.timing import measure
 from fullgraph.ops import attention_backends as ab
 from fullgraph.ops import counters
 from fullgraph.ops.attention import attention, attention_choice

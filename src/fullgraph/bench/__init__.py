@@ -3,7 +3,7 @@
 from fullgraph.bench.ceilings import Ceilings, measure_ceilings
 from fullgraph.bench.results import Result, append_csv, make_rows, read_csv
 from fullgraph.bench.roofline import attention_flops, gemm_flops, pct_of, tbps, tensor_bytes, tflops
-from fullgraph.bench.timing import Measurement, Timing, benchmark, first_call, measure, peak_memory
+from fullgraph.timing import Measurement, Timing, benchmark, first_call, measure, peak_memory
 
 __all__ = [
     "Ceilings",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fullgraph.bench.roofline import gemm_flops, tbps, tflops
-from fullgraph.bench.timing import Timing, measure, resolve_device
+from fullgraph.timing import Timing, measure, resolve_device
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from fullgraph import env
 from fullgraph._version import __version__
-from fullgraph.bench.timing import Measurement, Timing
+from fullgraph.timing import Measurement, Timing
 from fullgraph.errors import UsageError
 
 

@@ -47,7 +47,7 @@ def _progress(start: float):
 def run(args) -> int:
     import torch
 
-    from fullgraph.bench.timing import resolve_device
+    from fullgraph.timing import resolve_device
     from fullgraph.diagnose.demo import DEMO_INPUTS
     from fullgraph.diagnose.doctor import GPU_MODES, doctor
     from fullgraph.diagnose.summary import format_summary

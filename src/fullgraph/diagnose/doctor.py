@@ -14,7 +14,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from fullgraph import env
-from fullgraph.bench.timing import first_call, measure, peak_memory
+from fullgraph.timing import first_call, measure, peak_memory
 from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.checklist import build_checklist
 from fullgraph.diagnose.lint import lint_source

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fullgraph._files import write_atomic
+from fullgraph.bench.breakdown import Breakdown
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,18 @@ class GraphBreak:
 
 @dataclass(frozen=True)
 class Recompile:
-    """One recompilation: the guard that failed, on which variation of the inputs, and the fix."""
+    """One cause of recompilation: the guard that failed, on which variation of the inputs, and the fix.
 
-    function: str
+    Guard failures with the same cause (one per graph fragment of a broken function, or repeated over calls)
+    are folded into one entry; `count` says how many there were."""
+
+    function: str  # user-facing: "forward", or "forward (after the break at line 32)" for a resumed fragment
     file: str
     line: int
     trigger: str  # what was varied: "batch", "seq", "dtype", or "inputs" (the given inputs themselves)
     guard_failure: str
     fix: str
+    count: int = 1  # guard failures folded into this cause
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,9 @@ class ConfigResult:
     rel_err: float | None = None  # against eager fp32: ||out - ref|| / ||ref||
     tolerance: float | None = None  # the bound rel_err was held to for this dtype
     error: str | None = None  # why it could not run, if it could not
+    rounds: int = 0  # interleaved timing rounds this row took part in
+    spread: float | None = None  # round-to-round spread of the median: (max - min) / median over the rounds
+    noisy: bool = False  # p80/p20 or round-to-round spread too wide even after re-measuring
 
     @property
     def ok(self) -> bool:
@@ -82,6 +90,8 @@ class Recommendation:
     speedup: float | None  # over `baseline`
     code: str  # the exact code to use
     baseline: str | None = None  # the configuration the speed-up is over: eager fp32, else the table's eager row
+    tie: list[str] = field(default_factory=list)  # other rows within 3% or within noise of the fastest
+    reason: str = ""  # one line: why this row (fastest; or simplest of a tie)
 
     @property
     def versus(self) -> str:
@@ -113,6 +123,9 @@ class Report:
     recommendation: Recommendation | None = None
     checklist: list[ChecklistItem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    breakdowns: list[Breakdown] = field(default_factory=list)  # eager and the recommended row, profiled
+    output: list[str] = field(default_factory=list)  # one line per kind of output the model or libraries printed
+    timing: dict[str, Any] = field(default_factory=dict)  # how rows were timed: threads, rounds, method
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -136,6 +149,7 @@ class Report:
         d["recompiles"] = [Recompile(**r) for r in d.get("recompiles", [])]
         d["configs"] = [ConfigResult(**c) for c in d.get("configs", [])]
         d["checklist"] = [ChecklistItem(**c) for c in d.get("checklist", [])]
+        d["breakdowns"] = [Breakdown.from_dict(b) for b in d.get("breakdowns", [])]
         if d.get("recommendation") is not None:
             d["recommendation"] = Recommendation(**d["recommendation"])
         return cls(**d)

@@ -9,7 +9,7 @@ package without breaking the graph; "triton" is `torch.ops.fullgraph.flash_atten
 into on a GPU.
 
 "auto" keeps the backends that can serve the inputs (the table, then the backend's own runtime refusal),
-times them once per shape bucket on CUDA (`fullgraph.bench.timing.measure`) and caches the winner in
+times them once per shape bucket on CUDA (`fullgraph.timing.measure`) and caches the winner in
 memory and in `$FULLGRAPH_CACHE_DIR/attention_choices.json`. On the CPU, and under torch.compile before
 eager has timed the shape, it takes the first servable backend of a fixed preference order.
 """
@@ -35,6 +35,7 @@ from fullgraph._files import write_atomic
 from fullgraph.kernels._library import call_kernel
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops.custom_op import kernel_runs_on
+from fullgraph.timing import measure
 
 log = logging.getLogger(__name__)
 
@@ -364,8 +365,6 @@ def _runs(backend: str, call: Callable[[str], object]) -> bool:
 def _timed(names: list[str], call: Callable[[str], object], device) -> dict[str, float]:
     """Median device ms of each backend that runs (CUDA-graph replay, so the host's dispatch cost, which
     torch.compile and CUDA graphs remove, does not decide); the ones that refuse are left out."""
-    from fullgraph.bench.timing import measure
-
     times = {}
     graph = torch.device(device).type == "cuda"
     for n in (n for n in names if _runs(n, call)):

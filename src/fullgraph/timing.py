@@ -1,5 +1,8 @@
 """Timing a callable: CUDA events on a GPU, a monotonic clock on the CPU.
 
+The timing core sits on the package's floor (DESIGN.md, Layers) so that `ops` (attention's measured `auto`) and
+`compile` can time without importing `bench`, which re-exports it.
+
 Warm-up calls run first and are not timed, so module loading, autotuning and compilation stay out of the
 steady-state numbers; `first_call` measures that cost on its own. Each repetition times `inner` calls and
 divides, so kernels shorter than a launch can be timed as GPU work rather than Python dispatch; with

@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from fullgraph.bench import timing
+from fullgraph import timing
 from fullgraph.errors import UsageError
 from tests.skips import requires_cuda
 
