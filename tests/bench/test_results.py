@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fullgraph.bench import results
-from fullgraph.timing import Measurement, Timing
 from fullgraph.errors import UsageError
+from fullgraph.timing import Measurement, Timing
 
 
 def random_rows(n):

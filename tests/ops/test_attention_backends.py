@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fullgraph import env
-from fullgraph.timing import measure
 from fullgraph.ops import attention_backends as ab
 from fullgraph.ops import counters
 from fullgraph.ops.attention import attention, attention_choice
+from fullgraph.timing import measure
 from tests.skips import requires_cuda
 
 DEVICE = "cuda" if env.has_cuda() else "cpu"

@@ -18,8 +18,8 @@ import torch
 
 from fullgraph import env
 from fullgraph._version import __version__
-from fullgraph.timing import Measurement, Timing
 from fullgraph.errors import UsageError
+from fullgraph.timing import Measurement, Timing
 
 
 @dataclass(frozen=True)

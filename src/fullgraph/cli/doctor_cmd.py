@@ -47,13 +47,13 @@ def _progress(start: float):
 def run(args) -> int:
     import torch
 
-    from fullgraph.timing import resolve_device
     from fullgraph.diagnose.demo import DEMO_INPUTS
     from fullgraph.diagnose.doctor import GPU_MODES, doctor
     from fullgraph.diagnose.summary import format_summary
     from fullgraph.diagnose.target import load_target, parse_dtype
     from fullgraph.env import first_line
     from fullgraph.errors import FullgraphError, UsageError
+    from fullgraph.timing import resolve_device
 
     device = resolve_device(args.device)
     target = args.target or DEMO

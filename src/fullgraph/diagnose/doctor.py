@@ -14,12 +14,12 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from fullgraph import env
-from fullgraph.timing import first_call, measure, peak_memory
 from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.checklist import build_checklist
 from fullgraph.diagnose.lint import lint_source
 from fullgraph.diagnose.report import ConfigResult, Recommendation, Report
 from fullgraph.diagnose.target import spec_of
+from fullgraph.timing import first_call, measure, peak_memory
 
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 # CUDA graphs need a GPU, and CPU max-autotune spends minutes benchmarking GEMM templates on two cores.

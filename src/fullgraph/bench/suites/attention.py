@@ -17,10 +17,10 @@ from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.roofline import attention_flops, pct_of, tflops
 from fullgraph.bench.suites import DTYPES
 from fullgraph.bench.table import format_table
-from fullgraph.timing import measure, resolve_device
 from fullgraph.errors import UsageError
 from fullgraph.ops.attention import BACKENDS, attention, attention_choice
 from fullgraph.ops.attention_backends import serve_reason, spec_of
+from fullgraph.timing import measure, resolve_device
 
 GPU_SEQS = (197, 1024, 4096, 16384)
 CPU_SEQS = (77,)

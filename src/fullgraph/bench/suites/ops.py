@@ -22,8 +22,8 @@ from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.roofline import pct_of, tbps, tensor_bytes
 from fullgraph.bench.suites import DTYPES
 from fullgraph.bench.table import format_table
-from fullgraph.timing import measure, resolve_device
 from fullgraph.errors import UsageError
+from fullgraph.timing import measure, resolve_device
 
 GPU_SHAPES = ((16384, 4096), (4096, 3072), (65536, 128))
 CPU_SHAPES = ((64, 256),)
