@@ -10,9 +10,10 @@ import json
 import math
 from collections.abc import Callable
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fullgraph.diagnose.report import ConfigResult, Report
+if TYPE_CHECKING:  # types only: report.py imports this module to render itself, so no import back at run time
+    from fullgraph.diagnose.report import ConfigResult, Report
 
 HIGHLIGHT = "#2563eb"  # the recommended config's bar; used nowhere else, so a screenshot can be searched for it
 _BAR = "#94a3b8"

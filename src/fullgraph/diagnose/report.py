@@ -13,6 +13,7 @@ from typing import Any
 
 from fullgraph._files import write_atomic
 from fullgraph.bench.breakdown import Breakdown
+from fullgraph.diagnose.html import render_html
 
 SCHEMA_VERSION = 2
 
@@ -162,6 +163,4 @@ class Report:
         write_atomic(path, self.to_json())
 
     def save_html(self, path: str | os.PathLike) -> None:
-        from fullgraph.diagnose.html import render_html
-
         write_atomic(path, render_html(self))
