@@ -5,6 +5,10 @@ the native form, and our Triton kernel. On a GPU each variant is captured with `
 graph, over input sets rotated so the bytes touched exceed the L2 cache several times: the figures are
 GPU time from DRAM, not Python dispatch or cache hits. Each variant's output is checked against a float64
 reference first; a variant that drifts past tolerance is reported as an error, not timed.
+
+On a CPU the variants that can run there are timed and the others are rows marked skipped with the reason (our
+kernel needs TRITON_INTERPRET=1 on CPU tensors). Under the interpreter the kernel rows are flagged (a note in
+the table, `interpreter: true` in the rows' params, one warning line): they time Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fullgraph import ops
+from fullgraph import env, ops
 from fullgraph.bench.ceilings import time_copy
 from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.roofline import pct_of, tbps, tensor_bytes
 from fullgraph.bench.suites import DTYPES
 from fullgraph.bench.table import format_table
-from fullgraph.errors import UsageError
+from fullgraph.errors import FullgraphError, UsageError
 from fullgraph.timing import measure, resolve_device
 
 GPU_SHAPES = ((16384, 4096), (4096, 3072), (65536, 128))
@@ -157,6 +161,22 @@ def parse_shapes(spec: str) -> tuple[tuple[int, int], ...]:
     return shapes
 
 
+HEADERS = ["op", "shape", "variant", "µs", "TB/s", "% copy", "rel err", "note"]
+INTERPRETER_NOTE = "Triton interpreter"
+INTERPRETER_WARNING = (
+    "warning: the kernel rows ran in Triton's CPU interpreter (TRITON_INTERPRET=1): they time the interpreter, "
+    "not a kernel (rows flagged interpreter=true in the CSV); compare kernels on a GPU"
+)
+
+
+def unavailable(variant: str, device: torch.device) -> str:
+    """Why `variant` cannot run on `device`, or "" when it can (only our Triton kernel depends on the machine)."""
+    if variant != "kernel":
+        return ""
+    ok, why = env.triton_runs_on(device)
+    return "" if ok else why
+
+
 def run(args) -> tuple[list[Result], str]:
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
@@ -176,8 +196,13 @@ def run(args) -> tuple[list[Result], str]:
             rows_, table_ = _run_case(case, r, c, dtype, device, gpu, copy_tbps, args.reps)
             rows += rows_
             table += table_
-    text = format_table(["op", "shape", "variant", "µs", "TB/s", "% copy", "rel err"], table)
+    if not any(row[3] is not None for row in table):
+        notes = sorted({row[7] for row in table})
+        raise FullgraphError(f"no variant of the ops suite could run on {device.type}: {'; '.join(notes)}")
+    text = format_table(HEADERS, table)
     text += f"\n\nmeasured copy bandwidth: {copy_tbps:.3f} TB/s ({device.type})"
+    if any(row[7] == INTERPRETER_NOTE for row in table):
+        text += "\n" + INTERPRETER_WARNING
     if getattr(args, "markdown", None):
         _write_markdown(args.markdown, table, copy_tbps, device)
     return rows, text
@@ -189,20 +214,33 @@ def _run_case(case, r, c, dtype, device, gpu, copy_tbps, reps):
     n_sets = max(2, math.ceil(4 * L2_BYTES / call_bytes)) if gpu else 1
     sets = [first] + [case.make(r, c, dtype, device) for _ in range(n_sets - 1)]
     ref = case.ref(*first)
-    shape = f"{r}x{c}"
+    shape, label = f"{r}x{c}", f"{case.name} {r}x{c}"
+    params = {"rows": r, "cols": c, "dtype": str(dtype).removeprefix("torch."), "bytes": call_bytes}
     rows, table = [], []
     for variant, fn in variants(case).items():
-        err = ((_first(fn(*first)).double() - ref).norm() / ref.norm()).item()
-        params = {"rows": r, "cols": c, "dtype": str(dtype).removeprefix("torch."), "bytes": call_bytes}
+        skipped = unavailable(variant, device)
+        if skipped:  # a row that says so: a CPU run still fills the other columns
+            table.append([case.name, shape, variant, None, None, None, None, f"skipped: {skipped}"])
+            rows += make_rows("ops", label, variant, {"skipped": (1.0, "")}, {**params, "skip_reason": skipped})
+            continue
+        interpreted = variant == "kernel" and device.type == "cpu"  # Triton on CPU tensors is its interpreter
+        note = INTERPRETER_NOTE if interpreted else ""
+        p = {**params, "interpreter": True} if interpreted else params
+        try:
+            err = ((_first(fn(*first)).double() - ref).norm() / ref.norm()).item()
+        except Exception as e:  # a compiler or kernel that fails here is a finding of the run, not its end
+            table.append([case.name, shape, variant, None, None, None, None, f"error: {env.first_line(e, 120)}"])
+            rows += make_rows("ops", label, variant, {"error": (1.0, "")}, {**p, "error": env.first_line(e)})
+            continue
         if not err < TOLERANCE[dtype]:  # NaN fails too
-            table.append([case.name, shape, variant, None, None, None, f"{err:.1e} FAIL"])
-            rows += make_rows("ops", f"{case.name} {shape}", variant, {"rel_err": (err, "")}, params)
+            table.append([case.name, shape, variant, None, None, None, f"{err:.1e} FAIL", note])
+            rows += make_rows("ops", label, variant, {"rel_err": (err, "")}, p)
             continue
         t = measure(fn, device=device, warmup=3, reps=reps, rotate=sets, inner=n_sets, graph=gpu)
         rate = tbps(call_bytes, t.median_ms)
         metrics = {**timing_metrics(t), "tbps": (rate, "TB/s"), "pct_copy": (pct_of(rate, copy_tbps), "%")}
-        rows += make_rows("ops", f"{case.name} {shape}", variant, {**metrics, "rel_err": (err, "")}, params)
-        table.append([case.name, shape, variant, t.median_ms * 1e3, rate, pct_of(rate, copy_tbps), f"{err:.1e}"])
+        rows += make_rows("ops", label, variant, {**metrics, "rel_err": (err, "")}, p)
+        table.append([case.name, shape, variant, t.median_ms * 1e3, rate, pct_of(rate, copy_tbps), f"{err:.1e}", note])
     return rows, table
 
 
@@ -211,11 +249,11 @@ def _write_markdown(path, table, copy_tbps, device) -> None:
     lines = [
         f"Measured on {name}, torch {torch.__version__}; copy ceiling {copy_tbps:.2f} TB/s (read + write).",
         "",
-        "| op | shape | variant | µs | TB/s | % of copy | rel err |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| op | shape | variant | µs | TB/s | % of copy | rel err | note |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
-    for op, shape, variant, us, rate, pct, err in table:
+    for op, shape, variant, us, rate, pct, err, note in table:
         cells = [f"{us:.1f}", f"{rate:.2f}", f"{pct:.0f}"] if us is not None else ["-", "-", "-"]
-        lines.append(f"| {op} | {shape} | {variant} | {' | '.join(cells)} | {err} |")
+        lines.append(f"| {op} | {shape} | {variant} | {' | '.join(cells)} | {err or '-'} | {note} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
