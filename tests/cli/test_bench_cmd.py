@@ -1,5 +1,11 @@
+import argparse
+
+import pytest
+
 from fullgraph.bench.results import read_csv
+from fullgraph.cli import bench_cmd
 from fullgraph.cli.main import main
+from fullgraph.errors import FullgraphError
 
 
 def test_bench_ceilings_appends_rows(tmp_path, capsys):
@@ -16,9 +22,50 @@ def test_bench_ceilings_appends_rows(tmp_path, capsys):
 
 
 def test_unknown_suite_exits_2(capsys):
-    import pytest
-
     with pytest.raises(SystemExit) as e:
         main(["bench", "no-such-suite"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+FAKE_SUITE = """
+import logging
+import warnings
+
+from fullgraph.errors import FullgraphError
+
+
+def run(args):
+    for i in range(12):
+        warnings.warn(f"graph break number {i}", UserWarning)
+    for _ in range(3):
+        logging.getLogger("torch._dynamo.convert_frame").warning("torch._dynamo hit config.recompile_limit (8)")
+    if args.fail:
+        raise FullgraphError("the suite gave up")
+    return [], "THE TABLE"
+"""
+
+
+def _fake_suite_args(tmp_path, monkeypatch, fail):
+    (tmp_path / "fake_suite.py").write_text(FAKE_SUITE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return argparse.Namespace(suite_module="fake_suite", csv=str(tmp_path / "x.csv"), fail=fail)
+
+
+def test_library_warnings_and_logs_are_one_line_each_after_the_table(tmp_path, monkeypatch, capfd):
+    assert bench_cmd.run(_fake_suite_args(tmp_path, monkeypatch, fail=False)) == 0
+    out, err = capfd.readouterr()
+    assert "THE TABLE" in out and "0 rows appended" in out
+    assert err.splitlines() == [
+        "warnings: 12 × UserWarning from fake_suite: graph break number 0",
+        "logs: 3 × WARNING from torch._dynamo: torch._dynamo hit config.recompile_limit (8)",
+    ]
+
+
+def test_the_summary_is_printed_when_the_suite_fails(tmp_path, monkeypatch, capfd):
+    with pytest.raises(FullgraphError, match="the suite gave up"):
+        bench_cmd.run(_fake_suite_args(tmp_path, monkeypatch, fail=True))
+    out, err = capfd.readouterr()
+    assert "THE TABLE" not in out
+    assert "warnings: 12 × UserWarning" in err and "logs: 3 × WARNING from torch._dynamo" in err
+    assert err.count("recompile_limit") == 1

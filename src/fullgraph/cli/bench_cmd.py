@@ -7,6 +7,7 @@ suites (every `fullgraph` call builds the whole parser); a suite module is impor
 from __future__ import annotations
 
 import importlib
+import sys
 
 # suite -> (module with run(args) -> (rows, table), description, extra arguments as (flags, argparse kwargs))
 SUITES = {
@@ -53,10 +54,20 @@ def add_parser(sub, name: str, help_text: str) -> None:
 
 
 def run(args) -> int:
-    from fullgraph.bench.results import append_csv
+    from fullgraph._capture import capture_output, quiet_missing_numpy
 
-    rows, table = importlib.import_module(args.suite_module).run(args)
-    print(table)
+    with quiet_missing_numpy():  # torch's first import in this process
+        from fullgraph.bench.results import append_csv
+
+    # The suites' warnings and library logs (Dynamo's, Inductor's, transformers') are counted, not shown between
+    # our lines: one line per kind follows the table (or the error). Progress that a suite prints still shows.
+    try:
+        with capture_output() as captured:
+            rows, table = importlib.import_module(args.suite_module).run(args)
+        print(table)
+    finally:
+        for line in captured.summary():
+            print(line, file=sys.stderr)
     n = append_csv(args.csv, rows)
     print(f"\n{n} rows appended to {args.csv}")
     return 0
