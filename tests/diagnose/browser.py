@@ -32,13 +32,17 @@ FLAGS = (
     f"--window-size={WINDOW[0]},{WINDOW[1]}",
 )
 # Injected into a copy of the page only for the DOM check; the report itself carries no script. It runs last in
-# <body>, when layout is final (the page loads nothing), and records each chart SVG's and table's box.
+# <body>, when layout is final (the page loads nothing), and records the boxes of the chart SVGs, the tables and the
+# fix cells, and on <html> the width of the layout viewport and of everything laid out (wider: a sideways scrollbar).
 MEASURE_SCRIPT = """<script>
-for (const e of document.querySelectorAll("#chart svg, table")) {
+for (const e of document.querySelectorAll("#chart svg, svg.stacked, table, td.fix")) {
   const r = e.getBoundingClientRect();
   e.setAttribute("data-rendered-section", e.closest("section").id);
   for (const k of ["left", "top", "width", "height"]) e.setAttribute("data-rendered-" + k, r[k]);
 }
+const root = document.documentElement;
+root.setAttribute("data-rendered-client-width", root.clientWidth);
+root.setAttribute("data-rendered-scroll-width", root.scrollWidth);
 </script>"""
 
 
@@ -81,22 +85,37 @@ class Box:
     top: float
     width: float
     height: float
+    cls: str = ""  # the element's class attribute
+
+    @property
+    def right(self) -> float:
+        return self.left + self.width
+
+
+@dataclass(frozen=True)
+class Layout:
+    boxes: list[Box]
+    client_width: float  # the layout viewport, less a vertical scrollbar
+    scroll_width: float  # everything laid out; more than client_width means a horizontal scrollbar
 
 
 class _Boxes(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.boxes: list[Box] = []
+        self.widths = (float("nan"), float("nan"))
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
         if "data-rendered-section" in a:
             dims = (float(a[f"data-rendered-{k}"] or "nan") for k in ("left", "top", "width", "height"))
-            self.boxes.append(Box(tag, a["data-rendered-section"] or "", *dims))
+            self.boxes.append(Box(tag, a["data-rendered-section"] or "", *dims, cls=a.get("class") or ""))
+        if tag == "html" and "data-rendered-client-width" in a:
+            self.widths = tuple(float(a[f"data-rendered-{k}-width"] or "nan") for k in ("client", "scroll"))
 
 
-def rendered_boxes(chromium: str, page: Path) -> list[Box]:
-    """Load a copy of `page` with MEASURE_SCRIPT added, dump the DOM and read back the measured boxes."""
+def rendered_layout(chromium: str, page: Path) -> Layout:
+    """Load a copy of `page` with MEASURE_SCRIPT added, dump the DOM and read back the measured boxes and widths."""
     html = page.read_text(encoding="utf-8")
     if "</body>" not in html:
         pytest.fail(f"{page} has no </body> to put the measuring script before")
@@ -104,7 +123,7 @@ def rendered_boxes(chromium: str, page: Path) -> list[Box]:
     measured.write_text(html.replace("</body>", MEASURE_SCRIPT + "</body>", 1), encoding="utf-8")
     parser = _Boxes()
     parser.feed(run_chromium(chromium, "--dump-dom", measured.resolve().as_uri()))
-    return parser.boxes
+    return Layout(parser.boxes, *parser.widths)
 
 
 @dataclass(frozen=True)

@@ -1,99 +1,49 @@
 """The doctor's HTML report: structure, escaping and self-containment, then a real render in headless Chromium."""
 
+import ast
+import json
+import os
 import random
 import re
 import struct
 import zlib
 from html.parser import HTMLParser
+from importlib import resources
+from pathlib import Path
 
 import pytest
+from markupsafe import escape
 
-from fullgraph.diagnose.html import HIGHLIGHT, render_html
-from fullgraph.diagnose.report import (
-    ChecklistItem,
-    ConfigResult,
-    Finding,
-    GraphBreak,
-    Recommendation,
-    Recompile,
-    Report,
-)
+import fullgraph.diagnose.html as html_module
+from fullgraph.bench.breakdown import Breakdown, ClassTime
+from fullgraph.diagnose.html import CLASS_COLOURS, HIGHLIGHT, render_html
+from fullgraph.diagnose.report import ConfigResult, GraphBreak, Report
 from tests.diagnose import browser
+from tests.diagnose.full_report import (
+    FAILED,
+    HOSTILE,
+    LONG_SOURCE,
+    NOISY,
+    RECOMMENDED,
+    WRONG,
+    full_report,
+    model_path,
+)
 
 SECTIONS = (
     "summary",
     "chart",
     "configs",
+    "breakdowns",
     "graph-breaks",
     "recompiles",
     "cudagraph-skips",
     "lint",
+    "output",
     "checklist",
     "notes",
 )
-HOSTILE = """<script>alert(1)</script> & "quoted" 'single'"""
-
-
-def _timed(name: str, mode: str, dtype: str, median: float, rel_err: float, tol: float) -> ConfigResult:
-    spread = random.uniform(0.02, 0.15) * median
-    return ConfigResult(
-        name,
-        mode,
-        dtype,
-        median_ms=median,
-        p20_ms=median - spread,
-        p80_ms=median + random.uniform(0.5, 1.5) * spread,
-        compile_s=None if mode == "eager" else random.uniform(5, 90),
-        peak_memory_bytes=random.randrange(2**28, 2**33),
-        rel_err=rel_err,
-        tolerance=tol,
-    )
-
-
-def _report() -> Report:
-    """A full report with fresh numbers: the fastest in-tolerance compiled config is the recommendation."""
-    eager = random.uniform(8, 40)
-    fast = eager / random.uniform(2.0, 3.5)
-    configs = [
-        _timed("eager fp32", "eager", "float32", eager, 0.0, 1e-5),
-        _timed("compile default fp32", "default", "float32", eager / random.uniform(1.1, 1.5), 3e-7, 1e-5),
-        _timed("compile max-autotune bf16", "max-autotune", "bfloat16", fast, random.uniform(1e-3, 5e-3), 1e-2),
-        # Faster still but wrong: must be greyed, never recommended.
-        _timed("compile max-autotune fp16 <fast>", "max-autotune", "float16", fast * 0.8, 0.2, 1e-2),
-        ConfigResult("compile reduce-overhead bf16", "reduce-overhead", "bfloat16", error=f"RuntimeError: {HOSTILE}"),
-    ]
-    line = random.randrange(10, 400)
-    breaks = [
-        GraphBreak(
-            "model.py", line, "forward", "if x.sum() > 0 and y < 3:", f"data-dependent branch {HOSTILE}",
-            "GB0170", "Data-dependent branching", "use torch.cond", "replace the branch with torch.where",
-        ),
-        GraphBreak("attn.py", line + 7, "attend", "print(x.shape)", "print() call", "", "", "", "delete the print"),
-    ]  # fmt: skip
-    return Report(
-        target="examples/model.py:Net",
-        device="cuda:0",
-        inputs=["4x3x224x224:float32", "4:int64"],
-        environment={"gpu": "NVIDIA H200", "torch": "2.13.0", "triton": "3.6.0", "attention": [{"name": "flash"}]},
-        lint=[Finding("model.py", line, 9, "FG001", "`.item()` syncs the host & breaks graphs", "keep it a tensor")],
-        graph_count=3,
-        graph_breaks=breaks,
-        recompiles=[
-            Recompile("forward", "model.py", line, "batch", "L['x'].size()[0] == 4", "mark the batch dim dynamic"),
-            Recompile("attend", "attn.py", line + 3, "dtype", "L['q'].dtype == torch.float32", "cast once at entry"),
-        ],
-        cudagraph_skips=["mutated inputs in forward (model.py:12)"],
-        configs=configs,
-        recommendation=Recommendation(
-            "compile max-autotune bf16", eager / fast, 'model = torch.compile(model, mode="max-autotune")', "eager fp32"
-        ),
-        checklist=[
-            ChecklistItem("no graph breaks", "fail", "2 breaks"),
-            ChecklistItem("outputs within tolerance", "pass", "rel err 2e-3 <= 1e-2"),
-            ChecklistItem("CUDA graphs replay", "not-measured", "reduce-overhead failed"),
-        ],
-        notes=[f"note with {HOSTILE}"],
-    )
+E_HOSTILE = str(escape(HOSTILE))  # &lt;script&gt;... &amp; &#34;quoted&#34; &#39;single&#39;
 
 
 class _Elements(HTMLParser):
@@ -117,62 +67,200 @@ def _sections(html: str) -> dict[str, str]:
     return dict(re.findall(r'<section id="([^"]+)">(.*?)</section>', html, re.S))
 
 
-def test_every_section_has_its_id():
-    html = render_html(_report())
-    ids = [a["id"] for tag, a in _tags(html) if tag == "section"]
-    assert ids == list(SECTIONS)
+def _text(fragment: str) -> str:
+    """The visible text of an HTML fragment, whitespace collapsed."""
+    inline = re.sub(r"</?(?:b|i|span|code|a)\b[^>]*>", "", fragment)
+    return " ".join(re.sub(r"<[^>]+>", " ", inline).split())
 
 
-def test_report_text_is_escaped():
-    html = render_html(_report())
-    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;quoted&quot; &#x27;single&#x27;" in html
+def test_every_section_has_its_id_and_a_nav_link():
+    html = render_html(full_report())
+    tags = _tags(html)
+    assert [a["id"] for tag, a in tags if tag == "section"] == list(SECTIONS)
+    assert [a["href"] for tag, a in tags if tag == "a"] == [f"#{s}" for s in SECTIONS]
+
+
+def test_every_section_heading_has_its_count():
+    r = full_report()
+    headings = {
+        sid: _text(re.search(r"<h2>(.*?)</h2>", body, re.S)[1]) for sid, body in _sections(render_html(r)).items()
+    }
+    assert headings == {
+        "summary": "Summary",
+        "chart": "Latency",
+        "configs": "Configurations (6)",
+        "breakdowns": "Where the time goes (2)",
+        "graph-breaks": "Graph breaks (2)",
+        "recompiles": "Recompiles (2 causes, 5 recompiles)",
+        "cudagraph-skips": "CUDA-graph skips (1)",
+        "lint": "Lint (1)",
+        "output": "Captured output (2)",
+        "checklist": "Checklist (3)",
+        "notes": "Notes (1)",
+    }
+
+
+def test_report_text_is_escaped_everywhere():
+    html = render_html(full_report())
     assert "<script" not in html
-    assert "syncs the host &amp; breaks" in html
-    assert "max-autotune fp16 &lt;fast&gt;" in html
+    sections = _sections(html)
+    for sid in ("configs", "breakdowns", "graph-breaks", "recompiles", "output", "notes"):
+        assert E_HOSTILE in sections[sid], sid
+    assert "syncs the host &amp; breaks" in sections["lint"]
+    assert "max-autotune fp16 &lt;fast&gt;" in sections["chart"] and "# &lt;&amp;&gt;" in sections["graph-breaks"]
+    assert 'data-config="compile max-autotune fp16 &lt;fast&gt;"' in sections["chart"]
 
 
 def test_page_is_self_contained():
-    html = render_html(_report())
+    html = render_html(full_report())
     for needle in ("http://", "https://", "<link", "<script", "src=", "url(", "@import"):
         assert needle not in html.lower(), needle
     hrefs = [a["href"] for tag, a in _tags(html) if "href" in a]
     assert hrefs and all(h.startswith("#") for h in hrefs)
 
 
+def test_template_ships_as_package_data_and_html_never_imports_report():
+    templates = resources.files("fullgraph.diagnose") / "templates"
+    assert (templates / "report.html.j2").is_file() and (templates / "report.css.j2").is_file()
+    tree = ast.parse(Path(html_module.__file__).read_text())
+    top_imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert all(getattr(n, "module", "") != "fullgraph.diagnose.report" for n in top_imports)
+
+
+def test_paths_are_shown_relative_to_the_working_folder():
+    r = full_report()
+    html = render_html(r)
+    assert model_path().startswith(os.getcwd() + os.sep)
+    assert os.getcwd() not in html
+    sections = _sections(html)
+    line = r.graph_breaks[0].line
+    assert f"examples/model.py:{line}<" in sections["graph-breaks"]
+    assert f"examples/model.py:{line + 3}<" in sections["recompiles"]
+    assert f"examples/model.py:{line}:9<" in sections["lint"]
+
+
+def test_a_long_source_line_is_shown_whole_in_its_own_row():
+    breaks = _sections(render_html(full_report()))["graph-breaks"]
+    assert str(escape(LONG_SOURCE)) in breaks
+    row = re.search(r'<tr class="detail"><td colspan="3"><pre class="src">(.*?)</pre>', breaks, re.S)[1]
+    assert row.endswith(str(escape(LONG_SOURCE)))
+
+
+def test_graph_break_id_only_where_it_adds_something():
+    r = full_report()
+    bodies = re.findall(r'<tbody class="item">(.*?)</tbody>', _sections(render_html(r))["graph-breaks"], re.S)
+    assert len(bodies) == 2
+    # First break: type and id are not in the reason, so both are shown, the id once, as a badge.
+    assert "<b>Data-dependent branching</b>" in bodies[0] and bodies[0].count("GB0170") == 1
+    assert '<span class="badge id"' in bodies[0] and "torch's hint: use torch.cond" in bodies[0]
+    # Second: the reason already names its id and type; neither is repeated, and no empty hint.
+    assert bodies[1].count("GB0099") == 1 and "badge id" not in bodies[1] and "<b>builtin print" not in bodies[1]
+    assert "hint" not in bodies[1]
+
+
+def test_every_fix_is_in_a_fix_cell():
+    r = full_report()
+    html = render_html(r)
+    fixes = [m for m in re.findall(r'<td class="fix">(.*?)</td>', html, re.S)]
+    expected = [g.fix for g in r.graph_breaks] + [c.fix for c in r.recompiles] + [f.fix for f in r.lint]
+    expected += [f.fix for b in r.breakdowns for f in b.flags]
+    assert sorted(fixes) == sorted(str(escape(f)) for f in expected)
+
+
+def test_tables_fit_the_page():
+    html = render_html(full_report())
+    assert re.search(r"table \{[^}]*table-layout: fixed", html) and "overflow-x" not in html
+    for table in re.findall(r"<table.*?</table>", html, re.S):
+        widths = [float(w) for w in re.findall(r'<col style="width: ([\d.]+)%">', table)]
+        heads = re.search(r"<thead><tr>(.*?)</tr></thead>", table, re.S)[1].count("<th")
+        assert len(widths) == heads and abs(sum(widths) - 100) < 1e-9, table[:80]
+
+
 def test_one_bar_per_config_and_only_the_recommended_one_highlighted():
-    report = _report()
+    report = full_report()
     bars = [a for tag, a in _tags(render_html(report)) if tag == "rect" and "bar" in (a.get("class") or "").split()]
     assert [b["data-config"] for b in bars] == [c.name for c in report.configs]
     highlighted = [b for b in bars if b.get("fill") == HIGHLIGHT]
-    assert [b["data-config"] for b in highlighted] == [report.recommendation.config]
+    assert [b["data-config"] for b in highlighted] == [RECOMMENDED]
     assert "recommended" in highlighted[0]["class"].split()
-    greyed = {b["data-config"] for b in bars if "greyed" in b["class"].split()}
-    assert greyed == {"compile max-autotune fp16 <fast>", "compile reduce-overhead bf16"}
+    assert {b["data-config"] for b in bars if "greyed" in b["class"].split()} == {WRONG, FAILED}
+    assert [b["data-config"] for b in bars if "noisy" in b["class"].split()] == [NOISY]
+    assert HIGHLIGHT not in "".join(v for k, v in _sections(render_html(report)).items() if k != "chart")
 
 
 def test_bar_lengths_follow_median():
-    report = _report()
+    report = full_report()
     bars = {a["data-config"]: a for tag, a in _tags(render_html(report)) if tag == "rect" and "data-config" in a}
     timed = sorted((c for c in report.configs if c.median_ms is not None), key=lambda c: c.median_ms)
     widths = [float(bars[c.name]["width"]) for c in timed]
     assert widths == sorted(widths) and widths[0] > 0
 
 
-def test_summary_tables_and_missing_values():
-    report = _report()
-    sections = _sections(render_html(report))
-    summary = sections["summary"]
+def test_noisy_rows_are_marked_with_their_spread():
+    r = full_report()
+    noisy = next(c for c in r.configs if c.noisy)
+    sections = _sections(render_html(r))
+    assert f"noisy, spread {100 * noisy.spread:.0f}%" in _text(sections["chart"])
+    rows = re.findall(r'<tbody class="item([^"]*)">(.*?)</tbody>', sections["configs"], re.S)
+    assert [cls for cls, _ in rows].count(" noisy") == 1
+    body = next(b for cls, b in rows if "noisy" in cls)
+    assert NOISY in body and f"noisy {100 * noisy.spread:.0f}% {noisy.rounds} rounds" in _text(body)
+    assert sum("badge warn" in b for _, b in rows) == 1
+
+
+def test_summary_recommendation_tie_reason_and_timing():
+    r = full_report()
+    sections = _sections(render_html(r))
+    summary = _text(sections["summary"])
     assert "examples/model.py:Net" in summary and "NVIDIA H200" in summary and "4x3x224x224:float32" in summary
-    assert f"{report.recommendation.speedup:.2f}×" in summary
-    assert "model = torch.compile(model, mode=&quot;max-autotune&quot;)" in summary
-    assert sections["configs"].count("<tr>") + sections["configs"].count('<tr class="recommended">') == 6
-    assert "–" in sections["configs"]  # the failed config has no median
-    assert "GB0170" in sections["graph-breaks"] and "model.py:" in sections["graph-breaks"]
-    assert "L[&#x27;x&#x27;].size()[0] == 4" in sections["recompiles"]
-    assert f"model.py:{report.lint[0].line}:9" in sections["lint"]
-    for status in ("pass", "fail", "not-measured"):
-        assert f">{status}</span>" in sections["checklist"]
-    assert all("none found" not in body for name, body in sections.items() if name != "summary")
+    assert f"use {RECOMMENDED}, {r.recommendation.speedup:.2f}× the speed of eager fp32" in summary
+    assert f"why: {r.recommendation.reason}" in summary
+    assert f"tie {RECOMMENDED} and {NOISY} are within 3% or within noise of the fastest" in summary
+    assert "model = torch.compile(model, mode=&#34;max-autotune&#34;)" in sections["summary"]
+    assert "5 recompiles" in summary  # the stat counts guard failures, not causes
+    assert "timing: threads 2 · rounds 5 · method CUDA events, interleaved rounds" in _text(sections["configs"])
+    assert "none found" not in "".join(sections.values())
+
+
+def test_recompiles_show_their_count():
+    r = full_report()
+    text = _text(_sections(render_html(r))["recompiles"])
+    assert "batch ×3" in text and "dtype ×2" in text
+    one = Report("m.py:Net", "cpu", [], {}, recompiles=[r.recompiles[0].__class__("f", "m.py", 3, "seq", "g", "x")])
+    assert "×" not in _text(_sections(render_html(one))["recompiles"])
+
+
+def test_breakdowns_bars_tables_and_flags():
+    r = full_report()
+    html = render_html(r)
+    section = _sections(html)["breakdowns"]
+    blocks = section.split('<div class="breakdown">')[1:]
+    assert len(blocks) == len(r.breakdowns) == 2
+    for b, block in zip(r.breakdowns, blocks, strict=True):
+        segments = [a for tag, a in _tags(block) if tag == "rect" and a.get("class") == "segment"]
+        assert [s["data-class"] for s in segments] == [c.name for c in b.classes] + ["idle"]
+        assert [s["fill"] for s in segments[:-1]] == [CLASS_COLOURS[c.name] for c in b.classes]
+        widths = [float(s["width"]) for s in segments]
+        svg_width = float(next(a for tag, a in _tags(block) if tag == "svg")["width"])
+        assert abs(sum(widths) - svg_width) <= 1  # the classes and the idle time fill the call's wall time
+        for c, w in zip(b.classes, widths[:-1], strict=True):
+            assert abs(w - svg_width * c.ms / b.call_ms) <= 0.1
+        text = _text(block)
+        assert f"GPU idle {100 * b.idle_share:.0f}%" in text and f"{html_module.num(b.call_ms)} ms wall" in text
+        gemm = b.classes[0]
+        assert f"gemm {html_module.num(gemm.ms)} ms · {100 * gemm.share:.0f}%" in text  # the legend
+        assert f"{html_module.num(gemm.rate)} TFLOP/s" in text and f"{gemm.pct_of_ceiling:.0f}%" in text
+        assert all(str(escape(k.name)) in block for k in b.top) and "aten::addmm &lt;- model.py:41" in block
+        assert all(str(escape(f.fix)) in block and f.kind in block for f in b.flags)
+
+
+def test_breakdown_on_the_cpu_has_no_idle_segment():
+    b = Breakdown(
+        "eager fp32", "cpu", 4.0, 3.0, None, [ClassTime("gemm", 2.0, 2 / 3, 4), ClassTime("other", 1.0, 1 / 3, 9)]
+    )
+    block = _sections(render_html(Report("m.py:Net", "cpu", [], {}, breakdowns=[b])))["breakdowns"]
+    assert [a["data-class"] for tag, a in _tags(block) if tag == "rect"] == ["gemm", "other"]
+    assert "idle" not in block and "in ops" in _text(block)
 
 
 def test_empty_report_says_none_found():
@@ -189,9 +277,16 @@ def test_all_failed_configs_still_chart():
 
 
 def test_json_round_trip():
-    report = _report()
-    assert Report.from_json(report.to_json()) == report
-    assert render_html(Report.from_json(report.to_json())) == render_html(report)
+    report = full_report()
+    again = Report.from_json(report.to_json())
+    assert again == report and json.loads(again.to_json()) == json.loads(report.to_json())
+    assert render_html(again) == render_html(report)
+
+
+def test_a_break_torch_ships_no_registry_entry_for():
+    g = GraphBreak("m.py", 3, "f", "x.item()", "Tensor.item", "", "", "", "keep it a tensor")
+    body = _sections(render_html(Report("m.py:Net", "cpu", [], {}, graph_breaks=[g], graph_count=2)))["graph-breaks"]
+    assert "badge id" not in body and "<b>" not in body and "Tensor.item" in body
 
 
 def _paeth(a: int, b: int, c: int) -> int:
@@ -235,7 +330,7 @@ def test_png_decoder_undoes_every_filter(channels):
 def test_renders_in_headless_chromium(tmp_path):
     chromium = browser.find_chromium()
     page = tmp_path / "report.html"
-    page.write_text(render_html(_report()), encoding="utf-8")
+    page.write_text(render_html(full_report()), encoding="utf-8")
 
     png = browser.screenshot(chromium, page, tmp_path / "report.png")
     data = png.read_bytes()
@@ -243,7 +338,8 @@ def test_renders_in_headless_chromium(tmp_path):
     image = browser.decode_png(data)
     assert (image.width, image.height) == browser.WINDOW
 
-    boxes = browser.rendered_boxes(chromium, page)
+    layout = browser.rendered_layout(chromium, page)
+    boxes = layout.boxes
     chart = [b for b in boxes if b.tag == "svg" and b.section == "chart"]
     configs = [b for b in boxes if b.tag == "table" and b.section == "configs"]
     assert len(chart) == 1 and len(configs) == 1, boxes
@@ -253,3 +349,12 @@ def test_renders_in_headless_chromium(tmp_path):
 
     highlight = tuple(int(HIGHLIGHT[i : i + 2], 16) for i in (1, 3, 5))
     assert image.count_colour(highlight, chart[0]) > 200
+
+    # Nothing sideways: every table and every fix cell ends inside the 1280 px window, no horizontal scrollbar.
+    assert layout.client_width <= browser.WINDOW[0] and layout.scroll_width <= layout.client_width, layout
+    fixes = [b for b in boxes if b.tag == "td" and "fix" in b.cls.split()]
+    assert {b.section for b in fixes} == {"breakdowns", "graph-breaks", "recompiles", "lint"}
+    for box in [*fixes, *(b for b in boxes if b.tag == "table")]:
+        assert box.width > 40 and box.right <= layout.client_width, box
+    bars = [b for b in boxes if b.tag == "svg" and b.section == "breakdowns"]
+    assert len(bars) == 2 and all(b.right <= layout.client_width and b.width > 800 for b in bars), bars
