@@ -27,10 +27,14 @@ def _numeric(v: object) -> bool:
 
 
 def new_table(headers: Sequence[str], right: Sequence[bool] = ()) -> Table:
-    """An empty table in the house style: a rule under the header, no outer frame, `right` columns right-aligned."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold", expand=False)
+    """An empty table in the house style: a rule under the header, no outer frame; `right` columns right-aligned and
+    never wrapped (a number split over two lines misreads), the others wrapped between words when space runs out."""
+    table = Table(
+        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, header_style="bold", expand=False
+    )
     for i, h in enumerate(headers):
-        table.add_column(h, justify="right" if i < len(right) and right[i] else "left", overflow="fold")
+        number = i < len(right) and right[i]
+        table.add_column(h, justify="right" if number else "left", no_wrap=number, overflow="fold")
     return table
 
 

@@ -1,0 +1,148 @@
+"""The doctor's terminal summary: every section with its count, paths relative, text literal, plain off a terminal."""
+
+import io
+import os
+import re
+
+from rich.console import Console
+
+from fullgraph.diagnose.report import GraphBreak, Report
+from fullgraph.diagnose.summary import LOG_WIDTH, format_summary, print_summary
+from tests.diagnose.full_report import HOSTILE, LONG_SOURCE, NOISY, RECOMMENDED, WRONG, full_report
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+WIDE = 1000  # wide enough that nothing wraps
+
+
+def _row(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def _column(text: str, header: str, column: str, first: str) -> str:
+    """The text of one table cell: the lines of the row starting with `first`, from `column`'s offset on, joined.
+
+    `header` picks the table (its header line starts with it); a row runs to a blank line or the next row, whose
+    first line starts with a location (`path:line`)."""
+    lines = text.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith(header))
+    offset = lines[top].index(column)
+    start = next(i for i in range(top + 2, len(lines)) if lines[i].startswith(first))
+    cell = [lines[start][offset:]]
+    for line in lines[start + 1 :]:
+        if not line.strip() or re.match(r"\S+:\d+ ", line):
+            break
+        cell.append(line[offset:])
+    return " ".join(" ".join(cell).split())
+
+
+def test_plain_text_within_the_width():
+    for width in (80, 100, 140):
+        text = format_summary(full_report(), width=width)
+        assert "\x1b" not in text
+        assert max(len(line) for line in text.splitlines()) <= width, width
+
+
+def test_sections_with_their_counts():
+    r = full_report()
+    text = format_summary(r, width=WIDE)
+    assert text.startswith("fullgraph doctor: examples/model.py:Net on cuda:0, inputs 4x3x224x224:float32, 4:int64")
+    for heading in (
+        "configurations: 6",
+        f"recommendation: {RECOMMENDED}, {r.recommendation.speedup:.2f}x eager fp32",
+        "graph breaks: 3 (4 graphs, as explain counts), at 2 places",
+        "recompiles: 5 from 2 causes",
+        "CUDA-graph skips: 1",
+        "lint findings: 1",
+        "where the time goes: eager fp32 on cuda",
+        f"where the time goes: {RECOMMENDED} on cuda",
+        "captured output: 2",
+        "checklist:",
+    ):
+        assert re.search(rf"^{re.escape(heading)}", text, re.M), heading
+    assert "timing: threads 2 · rounds 5 · method CUDA events, interleaved rounds" in text
+
+
+def test_configurations_table_marks_noisy_recommended_and_failed_rows():
+    r = full_report()
+    text = format_summary(r, width=WIDE)
+    noisy = next(c for c in r.configs if c.noisy)
+    assert f"noisy {100 * noisy.spread:.0f}%" in _row(text, NOISY)
+    assert _row(text, RECOMMENDED + " ").rstrip().endswith("recommended")
+    assert _row(text, WRONG).rstrip().endswith("over tolerance")
+    failed = next(c for c in r.configs if c.error)
+    assert _row(text, failed.name).rstrip().endswith("failed")
+    assert f"  {failed.name} failed: RuntimeError: {HOSTILE}" in text
+    assert f"  why: {r.recommendation.reason}" in text
+    assert f"  tie: {RECOMMENDED} and {NOISY} are within 3% or within noise of the fastest" in text
+    assert '    model = torch.compile(model, mode="max-autotune")' in text
+
+
+def test_breaks_show_relative_path_whole_source_reason_and_fix():
+    r = full_report()
+    for width in (100, WIDE):
+        text = format_summary(r, width=width)
+        assert os.getcwd() not in text
+        g = r.graph_breaks[0]
+        cell = _column(text, "where", "break", f"examples/model.py:{g.line} ")
+        assert " ".join(LONG_SOURCE.split()) in cell  # whole, in its own lines even where it wraps
+        assert f"data-dependent branch {HOSTILE} [GB0170]" in cell and f"fix: {g.fix}" in cell
+        assert "torch's hint: use torch.cond" in cell
+    wide = format_summary(r, width=WIDE)
+    assert LONG_SOURCE in wide  # on one line when it fits
+    assert wide.count("GB0099") == 1  # the reason names its id already: not repeated
+    assert "in forward" in wide and "fix: delete the print" in wide
+
+
+def test_recompiles_lint_breakdowns_output_and_checklist():
+    r = full_report()
+    text = format_summary(r, width=WIDE)
+    line = r.graph_breaks[0].line
+    assert re.search(rf"^examples/model\.py:{line} +batch ×3 +L\['x'\]\.size\(\)\[0\] == 4 +mark the batch", text, re.M)
+    assert "dtype ×2" in text and f"L['q'].dtype == torch.float32 {HOSTILE}" in text
+    assert re.search(rf"^examples/model\.py:{line}:9 +FG001 +`\.item\(\)` syncs the host & breaks graphs", text, re.M)
+    for b in r.breakdowns:
+        assert (
+            f"{b.call_ms:.3g} ms per call, {b.kernel_ms:.3g} ms in GPU kernels, GPU idle {100 * b.idle_share:.0f}%"
+            in text
+        )
+        for c in b.classes:
+            assert re.search(rf"^{c.name} +{re.escape(f'{c.ms:.3g}')} +{100 * c.share:.0f}% +{c.kernels}\b", text, re.M)
+        for f in b.flags:
+            assert re.search(
+                rf"^{f.kind} +{re.escape(f'{f.ms:.3g}')} +{re.escape(f.message)} +{re.escape(f.fix)}$", text, re.M
+            )
+        assert all(k.name in text for k in b.top)
+    assert all(f"  {line}" in text for line in r.output)
+    assert re.search(r"^fail +no graph breaks +2 breaks$", text, re.M)
+    assert f"note: note with {HOSTILE}" in text
+
+
+def test_report_text_is_never_markup():
+    g = GraphBreak("m.py", 3, "f", "x[bold] = 1  # [/bold]", "[red]not red[/red]", "", "", "", "use [link]x[/link]")
+    text = format_summary(Report("m.py:Net", "cpu", [], {}, graph_breaks=[g], graph_count=2), width=WIDE)
+    assert "x[bold] = 1  # [/bold]" in text and "[red]not red[/red]" in text and "fix: use [link]x[/link]" in text
+
+
+def test_an_empty_report():
+    text = format_summary(Report("m.py:Net", "cpu", [], {}))
+    assert "graph breaks: 0 (0 graphs, as explain counts), at 0 places" in text
+    assert "recommendation: none (no configuration ran within tolerance)" in text
+    assert "recompiles: 0" in text and "lint findings: 0" in text and "configurations: 0" in text
+    assert "where the time goes" not in text and "captured output" not in text
+
+
+def test_print_summary_styles_a_terminal_and_says_the_same():
+    r = full_report()
+    buf = io.StringIO()
+    print_summary(r, Console(file=buf, force_terminal=True, color_system="standard", width=100))
+    styled = buf.getvalue()
+    assert "\x1b[" in styled
+    plain = "\n".join(line.rstrip() for line in ANSI.sub("", styled).splitlines())
+    assert plain == format_summary(r, width=100)
+
+
+def test_print_summary_off_a_terminal_is_plain_stdout(capsys):
+    print_summary(full_report())
+    out, err = capsys.readouterr()
+    assert err == "" and "\x1b" not in out and "recommendation: " in out
+    assert max(len(line) for line in out.splitlines()) <= LOG_WIDTH
