@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -23,3 +25,59 @@ def test_gpu_ceilings_match_the_card():
     # DESIGN.md measured 4.27 TB/s and 724-788 TFLOP/s on this card.
     assert 3.8 < c.copy_tbps < 4.8
     assert 650 < c.gemm_tflops < 900
+
+
+def test_ceilings_for_the_cpu_are_empty():
+    assert ceilings.ceilings_for("cpu", torch.bfloat16) == {}
+
+
+def test_dtype_tags():
+    assert ceilings.dtype_tag(torch.bfloat16) == "bf16" and ceilings.dtype_tag(torch.float16) == "fp16"
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert ceilings.dtype_tag(torch.float32) == "fp32"
+        torch.set_float32_matmul_precision("high")  # TF32 allowed: another GEMM ceiling
+        assert ceilings.dtype_tag(torch.float32) == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_cached_ceilings_measure_once_per_key_and_survive_a_new_process(tmp_path, monkeypatch):
+    path = str(tmp_path / "ceilings.json")
+    measured = []
+
+    def fake(value):
+        def measure_now():
+            measured.append(value)
+            return {"copy_tbps": value, "gemm_tflops_bf16": 100 * value}
+
+        return measure_now
+
+    monkeypatch.setattr(ceilings, "_memory", {})
+    assert ceilings.cached_ceilings("H200|bf16", fake(4.2), path) == {"copy_tbps": 4.2, "gemm_tflops_bf16": 420.0}
+    assert ceilings.cached_ceilings("H200|bf16", fake(9.9), path)["copy_tbps"] == 4.2  # this process remembers
+    monkeypatch.setattr(ceilings, "_memory", {})  # as a new process: read back from the file
+    assert ceilings.cached_ceilings("H200|bf16", fake(9.9), path)["copy_tbps"] == 4.2
+    assert ceilings.cached_ceilings("H200|fp16", fake(3.1), path)["copy_tbps"] == 3.1  # another dtype measures
+    assert measured == [4.2, 3.1]
+    with open(path) as f:
+        assert set(json.load(f)["ceilings"]) == {"H200|bf16", "H200|fp16"}
+
+
+def test_a_corrupt_ceilings_file_warns_and_is_measured_again(tmp_path, monkeypatch):
+    path = tmp_path / "ceilings.json"
+    path.write_text('{"ceilings": {"H200|bf16": "fast"}}')
+    monkeypatch.setattr(ceilings, "_memory", {})
+    with pytest.warns(UserWarning, match="ignoring the ceilings cache"):
+        got = ceilings.cached_ceilings("H200|bf16", lambda: {"copy_tbps": 4.0}, str(path))
+    assert got == {"copy_tbps": 4.0} and json.loads(path.read_text())["ceilings"]["H200|bf16"] == got
+
+
+@requires_cuda
+def test_gpu_ceilings_for_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ceilings, "_memory", {})
+    got = ceilings.ceilings_for("cuda", torch.bfloat16)
+    assert set(got) == {"copy_tbps", "gemm_tflops_bf16"} and got["copy_tbps"] > 0.5 and got["gemm_tflops_bf16"] > 50
+    assert json.loads((tmp_path / "ceilings.json").read_text())["ceilings"][f"{torch.cuda.get_device_name(0)}|bf16"]

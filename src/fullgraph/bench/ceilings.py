@@ -1,15 +1,24 @@
 """The two ceilings every speed figure is compared with: memory bandwidth and matrix-multiply rate.
 
 Measured, not taken from a datasheet: a large device-to-device copy (bytes read plus bytes written) and a
-large bf16 GEMM on random data (zeros run faster than real data on some GPUs).
+large GEMM on random data (zeros run faster than real data on some GPUs), in the dtype asked for.
+
+`ceilings_for` measures them once per GPU and dtype and keeps them in `$FULLGRAPH_CACHE_DIR/ceilings.json`
+(default `~/.cache/fullgraph`), so a breakdown or a doctor run does not spend seconds on them every time.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from fullgraph import env
+from fullgraph._files import write_atomic
 from fullgraph.bench.roofline import gemm_flops, tbps, tflops
 from fullgraph.timing import Timing, measure, resolve_device
 
@@ -66,3 +75,65 @@ def _time_gemm(n: int, dtype: torch.dtype, device: torch.device, reps: int) -> T
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     return measure(lambda: torch.mm(a, b), device=device, warmup=5, reps=reps)
+
+
+# ---- measured once per GPU and dtype, kept on disk -------------------------------------------------------
+
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+_memory: dict[tuple[str, str], dict[str, float]] = {}  # (file, key) -> ceilings, this process
+
+
+def cache_path() -> str:
+    root = os.environ.get("FULLGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fullgraph")
+    return os.path.join(root, "ceilings.json")
+
+
+def dtype_tag(dtype: torch.dtype) -> str:
+    """ "bf16", "fp16", "fp32"; "tf32" for float32 while matmuls may use TF32 (a different GEMM ceiling)."""
+    tag = SHORT_DTYPES.get(str(dtype).removeprefix("torch."), str(dtype).removeprefix("torch."))
+    return "tf32" if tag == "fp32" and torch.get_float32_matmul_precision() != "highest" else tag
+
+
+def ceilings_for(device: str | torch.device | None, dtype: torch.dtype | None = None) -> dict[str, float]:
+    """{"copy_tbps": ..., "gemm_tflops_<dtype tag>": ...} for this GPU and dtype (bf16 if None); {} on the CPU.
+
+    Measured on the first call for a GPU name and dtype, then read from the cache file.
+    """
+    device = resolve_device(device)
+    if device.type != "cuda":
+        return {}
+    dtype = dtype or torch.bfloat16
+    tag = dtype_tag(dtype)
+
+    def measure_now() -> dict[str, float]:
+        c = measure_ceilings(device, gemm_dtype=dtype, reps=20)
+        return {"copy_tbps": round(c.copy_tbps, 3), f"gemm_tflops_{tag}": round(c.gemm_tflops, 1)}
+
+    return cached_ceilings(f"{torch.cuda.get_device_name(device)}|{tag}", measure_now)
+
+
+def cached_ceilings(key: str, measure_now: Callable[[], dict[str, float]], path: str | None = None) -> dict[str, float]:
+    """The ceilings saved under `key` at `path` (default `cache_path()`), else `measure_now()`, saved there."""
+    path = path or cache_path()
+    if (path, key) in _memory:
+        return dict(_memory[path, key])
+    saved = _load(path)
+    if key not in saved:
+        saved[key] = measure_now()
+        write_atomic(path, json.dumps({"version": 1, "ceilings": saved}, indent=1, sort_keys=True))
+    _memory[path, key] = saved[key]
+    return dict(saved[key])
+
+
+def _load(path: str) -> dict[str, dict[str, float]]:
+    try:
+        with open(path) as f:
+            data = json.load(f)["ceilings"]
+        if not all(isinstance(v, dict) and all(isinstance(x, (int, float)) for x in v.values()) for v in data.values()):
+            raise ValueError("each entry must map names to numbers")
+        return data
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        warnings.warn(f"ignoring the ceilings cache {path}: {env.first_line(e)}", stacklevel=3)
+        return {}
