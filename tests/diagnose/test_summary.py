@@ -18,21 +18,17 @@ def _row(text: str, start: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(start))
 
 
-def _column(text: str, header: str, column: str, first: str) -> str:
-    """The text of one table cell: the lines of the row starting with `first`, from `column`'s offset on, joined.
-
-    `header` picks the table (its header line starts with it); a row runs to a blank line or the next row, whose
-    first line starts with a location (`path:line`)."""
+def _entry(text: str, first: str) -> list[str]:
+    """The lines of one list entry: the line starting with `first`, then the lines indented deeper than it."""
     lines = text.splitlines()
-    top = next(i for i, line in enumerate(lines) if line.startswith(header))
-    offset = lines[top].index(column)
-    start = next(i for i in range(top + 2, len(lines)) if lines[i].startswith(first))
-    cell = [lines[start][offset:]]
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    indent = len(first) - len(first.lstrip())
+    entry = [lines[start]]
     for line in lines[start + 1 :]:
-        if not line.strip() or re.match(r"\S+:\d+ ", line):
+        if len(line) - len(line.lstrip()) <= indent:
             break
-        cell.append(line[offset:])
-    return " ".join(" ".join(cell).split())
+        entry.append(line)
+    return entry
 
 
 def test_plain_text_within_the_width():
@@ -79,25 +75,32 @@ def test_configurations_table_marks_noisy_recommended_and_failed_rows():
 
 def test_breaks_show_relative_path_whole_source_reason_and_fix():
     r = full_report()
-    for width in (100, WIDE):
+    g = r.graph_breaks[0]
+    for width in (80, 100, WIDE):
         text = format_summary(r, width=width)
         assert os.getcwd() not in text
-        g = r.graph_breaks[0]
-        cell = _column(text, "where", "break", f"examples/model.py:{g.line} ")
-        assert " ".join(LONG_SOURCE.split()) in cell  # whole, in its own lines even where it wraps
-        assert f"data-dependent branch {HOSTILE} [GB0170]" in cell and f"fix: {g.fix}" in cell
-        assert "torch's hint: use torch.cond" in cell
+        entry = _entry(text, f"  examples/model.py:{g.line} in forward")
+        assert all(line.startswith("    ") for line in entry[1:])  # wrapped lines keep their indent
+        body = " ".join(" ".join(entry[1:]).split())
+        assert body.startswith(" ".join(LONG_SOURCE.split()))  # whole, on lines of its own where it wraps
+        assert f"data-dependent branch {HOSTILE} [GB0170]" in body and body.endswith(f"fix: {g.fix}")
+        assert "torch's hint: use torch.cond" in body
     wide = format_summary(r, width=WIDE)
-    assert LONG_SOURCE in wide  # on one line when it fits
-    assert wide.count("GB0099") == 1  # the reason names its id already: not repeated
-    assert "in forward" in wide and "fix: delete the print" in wide
+    assert f"\n    {LONG_SOURCE}\n" in wide  # on one line when it fits
+    assert _entry(wide, f"  examples/model.py:{g.line + 7} in attend")[1:] == [
+        "    print(x.shape)",
+        "    Unsupported builtin print() [GB0099]",  # the reason names its id: not repeated, no empty hint
+        "    fix: delete the print",
+    ]
 
 
 def test_recompiles_lint_breakdowns_output_and_checklist():
     r = full_report()
     text = format_summary(r, width=WIDE)
     line = r.graph_breaks[0].line
-    assert re.search(rf"^examples/model\.py:{line} +batch ×3 +L\['x'\]\.size\(\)\[0\] == 4 +mark the batch", text, re.M)
+    first = _row(text, f"examples/model.py:{line} ")
+    assert re.fullmatch(rf"examples/model\.py:{line} +batch ×3 +in forward +mark the batch dim dynamic", first)
+    assert "L['x'].size()[0] == 4" in text.splitlines()[text.splitlines().index(first) + 1]
     assert "dtype ×2" in text and f"L['q'].dtype == torch.float32 {HOSTILE}" in text
     assert re.search(rf"^examples/model\.py:{line}:9 +FG001 +`\.item\(\)` syncs the host & breaks graphs", text, re.M)
     for b in r.breakdowns:

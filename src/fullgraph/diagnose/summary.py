@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
-from rich.table import Table
 from rich.text import Text
 
 from fullgraph._paths import display_path
@@ -162,27 +161,20 @@ def _breaks(r: Report) -> Iterator[RenderableType]:
     )
     if not r.graph_breaks:
         return
-    table = _two_column_table("where", "break")
     for g in r.graph_breaks:
-        what = [Text(g.source, style="cyan"), Text(g.reason)]
-        if g.gb_id and g.gb_id not in g.reason:
-            what[-1].append(f" [{g.gb_id}]", style="dim")
-        if g.hint and g.hint != g.fix:
-            what.append(Text(f"torch's hint: {g.hint}", style="dim"))
-        what.append(Text.assemble(("fix: ", "green"), g.fix))
+        # A list, not a table: a source line or a fix is often longer than a table cell leaves room for.
         count = getattr(g, "count", 1)  # GraphBreak.count: times this place broke in one call
-        where = Text(_where(g.file, g.line)) + Text(
-            f"\nin {g.function}" + (f" ×{count}" if count > 1 else ""), style="dim"
+        yield _indented(
+            Text.assemble((_where(g.file, g.line), "bold"), f" in {g.function}", f" ×{count}" if count > 1 else "")
         )
-        table.add_row(where, Group(*what))
-    yield table
-
-
-def _two_column_table(*headers: str) -> Table:
-    table = new_table(headers)
-    table.columns[0].ratio, table.columns[1].ratio = 1, 3
-    table.expand = True
-    return table
+        yield _indented(Text(g.source, style="cyan"), 4)
+        reason = Text(g.reason)
+        if g.gb_id and g.gb_id not in g.reason:
+            reason.append(f" [{g.gb_id}]", style="dim")
+        yield _indented(reason, 4)
+        if g.hint and g.hint != g.fix:
+            yield _indented(Text(f"torch's hint: {g.hint}", style="dim"), 4)
+        yield _indented(Text.assemble(("fix: ", "green"), g.fix), 4)
 
 
 def _recompiles(r: Report) -> Iterator[RenderableType]:
@@ -192,10 +184,11 @@ def _recompiles(r: Report) -> Iterator[RenderableType]:
     if not r.recompiles:
         return
     table = new_table(["where", "varied", "guard that failed", "fix"])
+    table.columns[0].no_wrap = table.columns[1].no_wrap = True  # a path cut in two is no longer a path
     for c in r.recompiles:
         varied = c.trigger + (f" ×{c.count}" if c.count > 1 else "")
-        where = Text(_where(c.file, c.line)) + Text(f"\nin {c.function}", style="dim")
-        table.add_row(where, Text(varied), Text(c.guard_failure, style="cyan"), Text(c.fix))
+        guard = Text(f"in {c.function}\n", style="dim") + Text(c.guard_failure, style="cyan")
+        table.add_row(Text(_where(c.file, c.line)), Text(varied), guard, Text(c.fix))
     yield table
 
 
@@ -204,6 +197,7 @@ def _lint(r: Report) -> Iterator[RenderableType]:
     if not r.lint:
         return
     table = new_table(["where", "rule", "message", "fix"])
+    table.columns[0].no_wrap = table.columns[1].no_wrap = True
     for f in r.lint:
         table.add_row(Text(_where(f.path, f.line, f.col)), Text(f.rule), Text(f.message), Text(f.fix))
     yield table
