@@ -57,6 +57,23 @@ def test_probe_without_triton(monkeypatch):
 def test_sdpa_math_probe_always_works():
     p = env.probe_sdpa("math", "cpu")
     assert p.ok and p.name == "sdpa-math"
+    assert p.detail == "ran and matched float64 (float32 head dim 64 on cpu)"
+
+
+def test_attention_probes_are_real_sdpa_calls_only():
+    # Installed-or-not is the attention dispatch's answer (`fullgraph env` shows both); a probe is a real call.
+    probes = env.probe_attention("cpu")
+    assert [p.name for p in probes] == [f"sdpa-{b}" for b in env.SDPA_BACKENDS]
+    by_name = {p.name: p for p in probes}
+    assert by_name["sdpa-math"].ok
+    assert not by_name["sdpa-cudnn"].ok and by_name["sdpa-cudnn"].detail == "no kernel for float32 head dim 64 on cpu"
+
+
+def test_a_wrong_sdpa_result_is_not_usable(monkeypatch):
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda q, k, v: real(q, k, v) * 1.5)
+    p = env.probe_sdpa("math", "cpu")
+    assert not p.ok and p.detail.startswith("ran but relative error")
 
 
 def _sdpa_flags() -> dict:

@@ -186,7 +186,7 @@ def probe_triton(device: torch.device | str) -> Probe:
 
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
-# Third-party attention packages: (report name, import name). Usable means importable; the attention
+# Third-party attention packages: (backend name, import name). Installed means importable; the attention
 # op (a later layer) decides per input whether one can serve.
 EXTERNAL_ATTENTION = (
     ("flash_attn", "flash_attn"),
@@ -228,31 +228,42 @@ class only_sdpa:
             getattr(torch.backends.cuda, set_)(self.saved[n])
 
 
+# The call every attention probe makes, [batch, heads, seq, head dim], in `probe_dtype`: `fullgraph env` asks
+# the attention dispatch about the same call, so its "runs here" and the probes answer one question.
+PROBE_SHAPE = (1, 2, 64, 64)
+
+
+def probe_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype attention is probed in on `device`: bf16 on a GPU (what fused kernels serve), else float32."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def probe_sdpa(backend: str, device: torch.device | str) -> Probe:
     """Run one small SDPA call with only `backend` allowed; usable means it ran and matched math."""
     device = torch.device(device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    q, k, v = (torch.randn(1, 2, 64, 64, device=device, dtype=dtype) for _ in range(3))
+    dtype = probe_dtype(device)
+    q, k, v = (torch.randn(*PROBE_SHAPE, device=device, dtype=dtype) for _ in range(3))
     name = f"sdpa-{backend}"
+    call = f"{str(dtype).removeprefix('torch.')} head dim {PROBE_SHAPE[3]} on {device.type}"
     try:
         with only_sdpa(backend), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     except RuntimeError:  # torch explains why in warnings; the one-line answer is what matters here
-        return Probe(name, False, f"no kernel for {dtype} head dim 64 on {device.type}")
-    ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 8.0, dim=-1) @ v.double()
+        return Probe(name, False, f"no kernel for {call}")
+    scale = PROBE_SHAPE[3] ** -0.5
+    ref = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * scale, dim=-1) @ v.double()
     err = ((out.double() - ref).norm() / ref.norm()).item()
     if not err < 2e-2:
         return Probe(name, False, f"ran but relative error {err:.2e} against float64")
-    return Probe(name, True, f"{dtype} on {device.type}, head dim 64")
+    return Probe(name, True, f"ran and matched float64 ({call})")
 
 
 def probe_attention(device: torch.device | str) -> list[Probe]:
-    probes = [probe_sdpa(b, device) for b in SDPA_BACKENDS]
-    for name, module in EXTERNAL_ATTENTION:
-        found = importlib.util.find_spec(module) is not None
-        probes.append(Probe(name, found, "importable" if found else f"not installed (import {module})"))
-    return probes
+    """One real call per SDPA sub-backend. Whether a backend is installed, and whether the attention dispatch
+    would use it here, is the dispatch's to say (`fullgraph.ops.attention_backends`); `fullgraph env` shows
+    both answers side by side with these probes."""
+    return [probe_sdpa(b, device) for b in SDPA_BACKENDS]
 
 
 @dataclass(frozen=True)
