@@ -17,7 +17,7 @@ from markupsafe import escape
 import fullgraph.diagnose.html as html_module
 from fullgraph.bench.breakdown import Breakdown, ClassTime
 from fullgraph.diagnose.html import CLASS_COLOURS, HIGHLIGHT, render_html
-from fullgraph.diagnose.report import ConfigResult, GraphBreak, Report
+from fullgraph.diagnose.report import ConfigResult, Finding, GraphBreak, Report
 from tests.diagnose import browser
 from tests.diagnose.full_report import (
     FAILED,
@@ -111,6 +111,12 @@ def test_report_text_is_escaped_everywhere():
     assert 'data-config="compile max-autotune fp16 &lt;fast&gt;"' in sections["chart"]
 
 
+def test_paths_are_escaped_too():
+    lint = [Finding('we<ird&"/m.py', 3, 1, "FG001", "m", "f")]
+    body = _sections(render_html(Report("m.py:Net", "cpu", [], {}, lint=lint)))["lint"]
+    assert "we&lt;ird&amp;&#34;/<wbr>m.py:3:1" in body
+
+
 def test_page_is_self_contained():
     html = render_html(full_report())
     for needle in ("http://", "https://", "<link", "<script", "src=", "url(", "@import"):
@@ -132,8 +138,9 @@ def test_paths_are_shown_relative_to_the_working_folder():
     html = render_html(r)
     assert model_path().startswith(os.getcwd() + os.sep)
     assert os.getcwd() not in html
-    sections = _sections(html)
+    sections = {k: v.replace("<wbr>", "") for k, v in _sections(html).items()}
     line = r.graph_breaks[0].line
+    assert f'<code class="loc">examples/<wbr>model.py:{line}</code>' in html  # a narrow column breaks at the /
     assert f"examples/model.py:{line}<" in sections["graph-breaks"]
     assert f"examples/model.py:{line + 3}<" in sections["recompiles"]
     assert f"examples/model.py:{line}:9<" in sections["lint"]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+from markupsafe import Markup, escape
 
 from fullgraph._paths import display_path
 
@@ -106,9 +108,11 @@ def pct(fraction: float | None, digits: int = 0) -> str:
     return _DASH if fraction is None else f"{100 * fraction:.{digits}f}%"
 
 
-def where(file: str, line: int, col: int | None = None) -> str:
-    """`file:line[:col]` with the file as a reader finds it: relative to the cwd, site-packages or the project."""
-    return f"{display_path(file)}:{line}" + ("" if col is None else f":{col}")
+def where(file: str, line: int, col: int | None = None) -> Markup:
+    """`file:line[:col]` with the file as a reader finds it (relative to the cwd, site-packages or the project),
+    escaped, with a line-break opportunity after each separator so a narrow column breaks a path between folders."""
+    path = Markup("<wbr>").join(escape(part) for part in re.split(r"(?<=[/\\])", display_path(file)))
+    return path + f":{line}" + ("" if col is None else f":{col}")
 
 
 def status(c: ConfigResult) -> tuple[str, str]:
