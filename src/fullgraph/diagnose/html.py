@@ -129,7 +129,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 # Latency chart geometry in px: names left of X0, bars between X0 and X1, notes right of the bars.
-_WIDTH, _X0, _X1, _ROW_H, _BAR_H, _TOP, _AXIS_H = 1056, 290, 840, 30, 16, 8, 40
+_WIDTH, _X0, _X1, _ROW_H, _BAR_H, _TOP, _AXIS_H = 1120, 290, 880, 30, 16, 8, 40  # the page is 1120 px wide
 _CHAR_PX = 7  # width of a character at 12 px, a little over the average, so clipped text stays inside its room
 _LABEL_CHARS = (_X0 - 14) // _CHAR_PX  # a config's name left of the bars
 
@@ -221,7 +221,7 @@ def _chart_row(c: ConfigResult, cy: float, x: Any, r: Report) -> ChartRow:
 
 
 # Breakdown bar geometry in px: one bar across the plot, labels inside the segments wide enough to hold them.
-_BD_WIDTH, _BD_BAR_H = 1056, 28
+_BD_WIDTH, _BD_BAR_H = 1120, 28
 
 
 @dataclass(frozen=True)
