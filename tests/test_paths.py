@@ -72,3 +72,12 @@ def test_module_name_of_a_file_outside_every_import_root(tree, monkeypatch):
     monkeypatch.setattr(sys, "path", [str(tree / "proj" / "src")])
     assert module_name(tree / "proj" / "src" / "pkg" / "model.py") == "pkg.model"
     assert module_name(tree / "loose" / "script.py") is None
+
+
+def test_a_removed_current_directory_leaves_absolute_paths(tree, monkeypatch):
+    def gone():
+        raise FileNotFoundError("cwd removed")
+
+    monkeypatch.setattr(os, "getcwd", gone)
+    path = tree / "loose" / "script.py"
+    assert display_path(path) == str(path)

@@ -44,7 +44,8 @@ def module_name(path: str | os.PathLike) -> str | None:
         return None
     best = None
     for entry in sys.path:
-        rel = _relative(stem, os.path.abspath(entry or os.curdir))
+        root = os.path.abspath(entry) if entry else _cwd()
+        rel = _relative(stem, root) if root else None
         if rel is not None and (best is None or len(rel) < len(best)):
             best = rel
     if best is None:
@@ -57,11 +58,19 @@ def module_name(path: str | os.PathLike) -> str | None:
 
 def _roots(forms: tuple[str, ...]) -> list[str]:
     """The directories to try, in order: the current one, site-packages, the project's root."""
-    roots = [os.getcwd()]
+    cwd = _cwd()
+    roots = [cwd] if cwd else []
     sites = {os.path.abspath(e) for e in sys.path if e and os.path.basename(os.path.normpath(e)) in SITE_DIRS}
     roots += sorted(sites, key=len, reverse=True)  # a nested site-packages (a venv inside a venv) first
     roots += [r for r in (project_root(os.path.dirname(p)) for p in forms) if r is not None]
     return roots
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the current directory was removed
+        return None
 
 
 @functools.lru_cache(maxsize=256)
