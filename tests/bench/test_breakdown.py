@@ -71,6 +71,13 @@ def test_pointwise_and_layout_kernels():
     assert bd.is_pointwise("triton_poi_fused_addmm_gelu_3", "elementwise")
     assert not bd.is_pointwise("triton_per_fused_add_native_layer_norm_6", "elementwise")
     assert not bd.is_pointwise("void at::native::vectorized_layer_norm_kernel<float>", "elementwise")
+    gelu = "void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDAKernelImpl(...)::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int)"  # noqa: E501
+    assert bd.is_pointwise(gelu, "elementwise")  # "std::array" is no reduction
+    assert bd.is_pointwise("graph_0_cpp_fused_gelu_mul_0", "elementwise") and bd.is_pointwise(
+        "aten::gelu", "elementwise"
+    )
+    assert not bd.is_pointwise("graph_0_cpp_fused_native_layer_norm_0", "elementwise")
+    assert not bd.is_pointwise("kernel", "elementwise")  # one of ours: RMSNorm is a reduction
     assert bd.is_layout_conversion("void cudnn::engines_precompiled::nchwToNhwcKernel<float>", "copy")
     assert bd.is_layout_conversion("triton_poi_fused_clone_3", "copy")
     assert not bd.is_layout_conversion("triton_poi_fused__to_copy_0", "copy")  # a cast, not a layout change
@@ -137,8 +144,16 @@ def test_summary_sums_rates_and_json_round_trip():
         Launch(GELU, 1100, 250, "elementwise", 1, "Inductor fusion: gelu_view", work_key=8, work=1e9),  # 4 TB/s
         Launch("Memset (Device)", 1350, 50, "copy", 2),
     ]
-    b = summarize(launches, label="t", device="cuda", calls=2, call_ms=0.8, idle_share=0.1,
-                  ceilings={"copy_tbps": 4.0, "gemm_tflops_bf16": 800.0}, dtype="bf16")  # fmt: skip
+    b = summarize(
+        launches,
+        label="t",
+        device="cuda",
+        calls=2,
+        call_ms=0.8,
+        idle_share=0.1,
+        ceilings={"copy_tbps": 4.0, "gemm_tflops_bf16": 800.0},
+        dtype="bf16",
+    )
     cls = {c.name: c for c in b.classes}
     assert sum(c.ms for c in b.classes) == pytest.approx(b.kernel_ms) == pytest.approx(0.7)
     assert sum(c.share for c in b.classes) == pytest.approx(1.0)
@@ -200,7 +215,9 @@ def test_cpu_eager_gemm_and_elementwise_models():
     gemm = next(c for c in b.classes if c.name == "gemm")
     assert gemm.unit == "TFLOP/s" and 0 < gemm.rate < 10
     addmm = next(k for k in b.top if k.name == "aten::addmm")  # on the CPU each op's own time is one "launch"
-    assert addmm.calls == 4 and addmm.cls == "gemm" and addmm.source.startswith("aten::linear <- ")
+    assert addmm.calls == 4 and addmm.cls == "gemm" and addmm.source.startswith("aten::linear")
+    if torch.__version__ >= "2.13":  # torch 2.11 (Python 3.12, on the H200) recorded no Python frames here
+        assert addmm.source.startswith("aten::linear <- tests/bench/test_breakdown.py(") and "forward" in addmm.source
     assert Breakdown.from_dict(json.loads(json.dumps(b.to_dict()))) == b
     y = torch.randn(1 << 20)
     assert _check_sums(_profile(lambda: Pointwise()(y), "eager pointwise")) == "elementwise"
@@ -240,6 +257,9 @@ def test_cpu_compiled_models():
 
 
 class ConvLinear(nn.Module):
+    """An NCHW convolution (cuDNN converts to NHWC and back on Hopper) and a Linear on a transposed view (eager
+    copies it, runs the GEMM, then adds the bias in a separate kernel: most of the time, seen on the H200)."""
+
     def __init__(self):
         super().__init__()
         self.conv, self.fc = nn.Conv2d(64, 256, 3, padding=1), nn.Linear(256, 4096)
@@ -255,9 +275,10 @@ def test_gpu_class_totals_match_cuda_event_time():
     with torch.no_grad():
         b = profile_breakdown(lambda: model(x), device="cuda", label="conv+linear", dtype=torch.bfloat16)
     assert b.kernel_ms == pytest.approx(b.call_ms, rel=0.05) and b.idle_share < 0.1
-    gemm = next(c for c in b.classes if c.name == "gemm")
-    assert gemm.share > 0.5 and gemm.rate > 50 and 0 < gemm.pct_of_ceiling < 110
-    assert "launch-bound" not in [f.kind for f in b.flags]
+    cls = {c.name: c for c in b.classes}
+    assert cls["gemm"].rate > 50 and 0 < cls["gemm"].pct_of_ceiling < 110 and cls["gemm"].kernels >= 2
+    assert cls["elementwise"].unit == "TB/s" and 0 < cls["elementwise"].pct_of_ceiling < 110
+    assert [f.kind for f in b.flags] == ["layout-conversion"]
 
 
 @requires_cuda

@@ -177,8 +177,13 @@ def classify(name: str, ops: Sequence[str] = ()) -> str:
 
 def is_pointwise(name: str, cls: str) -> bool:
     """An elementwise kernel that reduces nothing: what a GEMM epilogue could absorb."""
-    found = inductor_kernel(name)
-    return cls == "elementwise" and not (found and found[0] in ("red", "per")) and not _REDUCTION.search(name)
+    if cls != "elementwise":
+        return False
+    if found := inductor_kernel(name):  # Triton says so in the name; C++ kernels only through their ops
+        return found[0] == "poi" or (found[0] == "" and not _REDUCTION.search(found[1]))
+    if "elementwise_kernel" in name:  # ATen's TensorIterator kernels (reductions are reduce_kernel)
+        return True
+    return bool(_OP.match(name)) and not _REDUCTION.search(name)
 
 
 def is_layout_conversion(name: str, cls: str) -> bool:
@@ -481,13 +486,18 @@ class _Events:
         if found:
             return f"Inductor fusion: {found[1] or chain[0].name}"
         op = next((c.name for c in reversed(chain) if _OP.match(c.name)), "")
+        # the model line: torch 2.11 keeps the Python stack on each op (innermost frame first), later versions
+        # record Python frames as events around the ops; inside a compiled region it would be the wrapper's line
+        frames = [f for c in chain for f in getattr(c, "stack", None) or ()]
         p = chain[0]
-        while p is not None:  # the model line, outside compiled regions (there it is the wrapper's)
-            if p.name.startswith(("## Call CompiledFxGraph", "Torch-Compiled Region")):
-                return op
-            if _USER_FRAME.match(p.name) and "fullgraph/bench/" not in p.name:
-                return f"{op} <- {p.name}" if op else p.name
+        while p is not None:
+            frames.append(p.name)
             p = p.cpu_parent
+        for f in frames:
+            if "torchinductor" in f or "torch/_inductor" in f or _compiled_call(f):
+                return op
+            if _USER_FRAME.match(f) and "fullgraph/bench/" not in f:
+                return f"{op} <- {f}" if op else f
         return op
 
     def op_bytes(self, e: Any) -> float | None:
