@@ -125,7 +125,7 @@ _KERNEL_RULES = [  # kernel names (not ops), first match wins
         ("other", "at::native::.*(index|gather|scatter|sort|topk|embedding|nonzero|unique|radix)"),
         ("elementwise", "at::native::"),  # ATen's own kernels: elementwise, reductions, norms, softmax
         ("gemm", r"gemm|gemv|cutlass|cublas|nvjet|xmma|wgmma|conv|fprop|dgrad|wgrad|splitk|sm\d\d_"),
-        ("elementwise", "elementwise|reduce|norm|softmax|gelu|silu|relu|rope|modulate|welford"),
+        ("elementwise", "elementwise|reduce|norm|softmax|gelu|silu|relu|rope|modulat|welford"),
     )
 ]
 _OP_RULES = [  # op names ("ns::name"), first match wins
@@ -385,24 +385,15 @@ def profile_breakdown(
     dtype = dtype or next((p.dtype for p in (model.parameters() if model else ()) if p.is_floating_point()), None)
     events = _Events(prof, itemsize=(dtype or torch.float32).itemsize, patches=_patch_modules(model))
     launches = events.gpu_launches() if gpu else events.cpu_launches()
+    call_ms, idle, method = wall_ms, None, "cpu-clock, profiled"
     if gpu:
-        call_ms = measure(fn, device=device, warmup=1, reps=TIMING_REPS).median_ms
+        call_ms, method = measure(fn, device=device, warmup=1, reps=TIMING_REPS).median_ms, "cuda-events"
         idle = max(0.0, 1.0 - _busy_us(launches) / calls / 1e3 / call_ms)
         dtype = dtype or torch.bfloat16
-    if ceilings is None:
-        ceilings = ceilings_for(device, dtype)
-    return summarize(
-        launches,
-        label=label,
-        device=device.type,
-        calls=calls,
-        call_ms=call_ms if gpu else wall_ms,
-        idle_share=idle if gpu else None,
-        ceilings=ceilings,
-        dtype=dtype_tag(dtype) if dtype else "",
-        cuda_graphs=cuda_graphs,
-        call_method="cuda-events" if gpu else "cpu-clock, profiled",
-    )
+    ceilings = ceilings_for(device, dtype) if ceilings is None else ceilings
+    tag, kind = dtype_tag(dtype) if dtype else "", device.type
+    args = dict(calls=calls, call_ms=call_ms, idle_share=idle, ceilings=ceilings, dtype=tag, cuda_graphs=cuda_graphs)
+    return summarize(launches, label=label, device=kind, call_method=method, **args)
 
 
 def _sync(device: torch.device) -> None:
@@ -449,10 +440,8 @@ def _gemm_flops(name: str, shapes: Sequence[Any], ci: Sequence[Any] | None) -> f
         x, w = mats[0], mats[1]
         if ("convolution" in short and _arg(ci, 6)) or len(x) != len(w) or len(x) < 3:
             return None  # transposed, or shapes not recorded
-        out = [
-            (s + 2 * p - d * (k - 1) - 1) // st + 1
-            for s, k, st, p, d in zip(x[2:], w[2:], stride, pad, dil, strict=False)
-        ]
+        dims = zip(x[2:], w[2:], stride, pad, dil, strict=False)
+        out = [(n + 2 * p - d * (k - 1) - 1) // st + 1 for n, k, st, p, d in dims]
         return 2.0 * x[0] * w[0] * math.prod(out) * math.prod(w[1:])
     return None
 
