@@ -2,7 +2,9 @@
 
 Scanned: `forward` methods, functions decorated with or passed to `torch.compile`, and what they call in the same
 file (`self.method(...)` within the class, module-level functions by name), transitively; a callee under
-`torch.compiler.disable` runs eagerly by design and is skipped.
+`torch.compiler.disable` runs eagerly by design and is skipped, and so is code that a compiled inference call never
+runs (`if self.training:`, `if not torch.compiler.is_compiling():`). `lint_source` lints a whole file;
+`lint_scope.lint_target` lints one model's classes or one function through `lint_functions`.
 
 Nothing is imported or run, so "this is a tensor" is read from syntax (the exact guesses: docs/rules.md). Shapes,
 ranks, `len()`, `self.<attr>` flags and config, and Python scalars are not tensors: Dynamo guards and specializes
@@ -12,7 +14,6 @@ on them rather than breaking the graph (DESIGN.md errata 2), so a condition on t
 from __future__ import annotations
 
 import ast
-import io
 import os
 import re
 import tokenize
@@ -23,59 +24,26 @@ from fullgraph.diagnose import syntax as S
 from fullgraph.diagnose.report import Finding
 from fullgraph.errors import FullgraphError, UsageError
 
-_IGNORE = re.compile(r"#\s*fullgraph:\s*ignore(?:\[([^\]]*)\])?")
-_SCALAR = re.compile(r"(Optional\[)?(int|float|bool)(?(1)\]|( \| None)?)|None \| (int|float|bool)")
-_TENSOR = re.compile(r"(Optional\[)?(torch\.)?Tensor(?(1)\]|( \| None)?)|None \| (torch\.)?Tensor")
+_TENSOR = re.compile(r"(Optional\[)?(torch\.)?([A-Z][a-z]+)?Tensor(?(1)\]|( \| None)?)|None \| (torch\.)?Tensor")
 Functions = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 class _Class:
     def __init__(self, node: ast.ClassDef, imports: dict[str, str]):
+        self.node = node
         self.methods = {n.name: n for n in node.body if isinstance(n, Functions)}
-        self.tensors: set[str] = set()  # buffers and parameters, in whichever method the class makes them
-        for n in (n for fn in self.methods.values() for n in ast.walk(fn)):
-            match n:
-                case ast.Call(func=ast.Attribute(attr="register_buffer"), args=[ast.Constant(value=str(name)), *_]):
-                    self.tensors.add(name)
-                case ast.Assign(value=ast.Call(func=func)):
-                    dotted = S.dotted(func, imports) or ""
-                    if dotted.rsplit(".", 1)[-1] in ("Parameter", "Buffer") or S.torch_returns_tensor(dotted):
-                        self.tensors.update(t.attr for t in n.targets if isinstance(t, ast.Attribute))
-
-    @staticmethod
-    def self_of(fn: ast.FunctionDef) -> str | None:
-        static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
-        args = fn.args.posonlyargs + fn.args.args
-        return args[0].arg if args and not static else None
+        self.tensors = S.class_tensors(node, imports)  # buffers and parameters, in whichever method makes them
 
 
 class _Module:
     """What the file defines (imports, loggers, classes, functions) and which functions to scan."""
 
     def __init__(self, tree: ast.Module):
-        self.imports: dict[str, str] = {}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    self.imports[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                self.imports.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
-        self.loggers = set(R.LOGGER_NAMES)
-        for node in tree.body:
-            match node:
-                case ast.Assign(targets=targets, value=ast.Call(func=f)) if (
-                    S.dotted(f, self.imports) == "logging.getLogger"
-                ):
-                    self.loggers.update(n for t in targets for n in S.names(t))
+        self.imports = S.imports(tree)
+        self.loggers = set(R.LOGGER_NAMES) | S.loggers(tree, self.imports)
         self.functions = {n.name: n for n in tree.body if isinstance(n, Functions)}
         self.classes = [_Class(c, self.imports) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
-        self.compiled_by_call = {  # fast = torch.compile(step)
-            a.id
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and S.dotted(n.func, self.imports) in R.COMPILE
-            for a in n.args[:1]
-            if isinstance(a, ast.Name)
-        }
+        self.compiled_by_call = S.compiled_by_call(tree, self.imports)  # fast = torch.compile(step)
 
     def decorated(self, fn: ast.FunctionDef, names: frozenset[str]) -> bool:
         for d in fn.decorator_list:
@@ -84,20 +52,26 @@ class _Module:
                 return True  # a bare `@compile` is taken to be torch's
         return False
 
-    def scanned(self) -> list[tuple[ast.FunctionDef, _Class | None, bool]]:
-        """(function, its class, whether it is an entry point) for each function to scan, once each."""
-        todo = [(fn, c, True) for c in self.classes for n, fn in c.methods.items() if n == "forward"]
-        todo += [(fn, c, True) for c in self.classes for fn in c.methods.values() if self.decorated(fn, R.COMPILE)]
-        todo += [(fn, None, True) for n, fn in self.functions.items() if n in self.compiled_by_call]
-        todo += [(fn, None, True) for fn in self.functions.values() if self.decorated(fn, R.COMPILE)]
+    def entry_points(self) -> list[tuple[ast.FunctionDef, ast.ClassDef | None, bool]]:
+        """What a whole file offers torch.compile: every forward, and the functions compiled in the file."""
+        methods = [(fn, c.node) for c in self.classes for fn in c.methods.values()]
+        roots = [(fn, c, True) for fn, c in methods if fn.name == "forward" or self.decorated(fn, R.COMPILE)]
+        roots += [(fn, None, True) for n, fn in self.functions.items() if n in self.compiled_by_call]
+        return roots + [(fn, None, True) for fn in self.functions.values() if self.decorated(fn, R.COMPILE)]
+
+    def scanned(self, roots) -> list[tuple[ast.FunctionDef, _Class | None, bool]]:
+        """(function, its class, whether it is an entry point) for `roots` and what they call, once each."""
+        classes = {id(c.node): c for c in self.classes}
+        todo = [(fn, classes[id(node)] if node else None, entry) for fn, node, entry in roots]
         seen: dict[int, tuple[ast.FunctionDef, _Class | None, bool]] = {}
         while todo:
             fn, cls, entry = todo.pop(0)
             if id(fn) in seen or self.decorated(fn, R.DISABLE):
                 continue
             seen[id(fn)] = (fn, cls, entry)
-            self_name = cls.self_of(fn) if cls else None
-            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            self_name = S.self_of(fn) if cls else None
+            dead = S.dead_nodes(fn, self_name)  # a callee reached only from a training branch is not scanned
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and id(n) not in dead):
                 match call.func:
                     case ast.Attribute(value=ast.Name(id=name), attr=attr) if name == self_name and attr in cls.methods:
                         todo.append((cls.methods[attr], cls, False))
@@ -111,7 +85,7 @@ class _Function:
 
     def __init__(self, module: _Module, fn: ast.FunctionDef, cls: _Class | None, entry: bool):
         self.m, self.fn, self.cls, self.entry = module, fn, cls, entry
-        self.self_name = cls.self_of(fn) if cls else None
+        self.self_name = S.self_of(fn) if cls else None
         a = fn.args
         positional = a.posonlyargs + a.args
         defaults = [None] * (len(positional) - len(a.defaults)) + a.defaults
@@ -120,14 +94,18 @@ class _Function:
         self.params = [(p, d) for p, d in pairs if p.arg not in (self.self_name, ctx)]
         self.param_names = {p.arg for p, _ in self.params}
         self.kwargs = a.kwarg.arg if a.kwarg else None
-        self.tensors = {p.arg for p, _ in self.params if _TENSOR.fullmatch(S.annotation(p))}
+        flags = {p.arg for p, d in self.params if isinstance(d, ast.Constant) and isinstance(d.value, bool)}
+        self.tensors = {p.arg for p, _ in self.params if _TENSOR.fullmatch(S.annotation(p))} - flags
         self.inputs = {p.arg for p, d in self.params if p.annotation is None and d is None}  # most likely tensors
         self.shapes: set[str] = set()
         self.masks: set[str] = set()
         self.modules: set[str] = set()  # loop variables over self.<ModuleList>
         self.locals = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        self.locals |= {v.arg for v in (a.vararg, a.kwarg) if v}  # *args, **kwargs: new objects on every call
+        self.dead = S.dead_nodes(fn, self.self_name)  # training-only code does not run in the compiled call
+        live = [n for n in ast.walk(fn) if id(n) not in self.dead]
         for _ in range(2):  # the second pass sees names assigned from names bound later in the walk
-            for node in ast.walk(fn):
+            for node in live:
                 if isinstance(node, ast.For) and isinstance(node.iter, ast.Attribute) and self.is_self(node.iter.value):
                     self.modules.update(S.names(node.target))
                 elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -136,8 +114,9 @@ class _Function:
                         self.masks.update(names)
                     if self.is_shape(node.value):
                         self.shapes.update(names)
-                    elif self.tensor_like(node.value) or (
-                        isinstance(node.value, ast.Call) and self.returns_tensor(node.value, loose=True)
+                    elif (self.tensor_like(node.value) or self.returns_tensor(node.value, loose=True)) and not (
+                        isinstance(node.targets[0] if isinstance(node, ast.Assign) else node.target, ast.Tuple)
+                        and self.submodule_call(node.value)  # emb, n_frames = self.embed(x): which is a tensor?
                     ):
                         self.tensors.update(names)
 
@@ -188,19 +167,29 @@ class _Function:
                 return self.returns_tensor(e, loose=loose)
         return False
 
-    def returns_tensor(self, call: ast.Call, *, loose: bool = False) -> bool:
-        match call.func:
-            case ast.Subscript() as f:  # self.blocks[i](x)
+    def submodule_call(self, e: ast.expr) -> bool:
+        match e:
+            case ast.Call(func=ast.Subscript() as f):  # self.blocks[i](x)
                 return self.is_self(S.root(f))
-            case ast.Name(id=name):
+            case ast.Call(func=ast.Name(id=name)):
                 return name in self.modules
+            case ast.Call(func=ast.Attribute(value=v, attr=attr)):
+                return self.is_self(v) and attr not in self.cls.methods
+        return False
+
+    def returns_tensor(self, call: ast.expr, *, loose: bool = False) -> bool:
+        if self.submodule_call(call):
+            return True
+        match getattr(call, "func", None):
             case ast.Attribute(value=v, attr=attr) as f:
                 dotted = S.dotted(f, self.m.imports)
                 if dotted is not None:
                     return S.torch_returns_tensor(dotted)
-                if self.is_self(v):  # self.norm(x) is a submodule; self.helper(x) is a method: unknown
-                    return attr not in self.cls.methods
-                python_value = attr in R.SIZE_METHODS or attr in R.PYTHON_METHODS or attr.startswith(("is_", "_"))
+                if self.is_self(v):  # self.helper(x) is a method: unknown
+                    return False
+                python_value = (
+                    attr in R.SIZE_METHODS or attr in R.PYTHON_METHODS or attr.startswith(("is_", "get_", "_"))
+                )
                 return not python_value and self.tensor_like(v, loose=True)  # x.relu() on an argument is a tensor
         return False
 
@@ -219,8 +208,8 @@ class _Function:
         return False
 
     def value_dependent(self, test: ast.expr) -> bool:
-        if isinstance(test, ast.BoolOp):
-            return any(map(self.value_dependent, test.values))
+        if isinstance(test, ast.BoolOp):  # `not is_compiling() and bool(x)` never reads x once compiled
+            return any(self.value_dependent(v) for v in test.values if id(v) not in self.dead)
         for call in (n for n in ast.walk(test) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
             lib = (S.dotted(call.func.value, self.m.imports) or "torch").split(".")[0]
             if call.func.attr in R.VALUE_METHODS and lib == "torch":  # np.any(a) is FG003's; math.prod(s) is fine
@@ -228,7 +217,8 @@ class _Function:
         return self.tensor_like(test)
 
     def check(self) -> Iterable[tuple[ast.AST, str, str]]:
-        nodes = list(ast.walk(self.fn))
+        nodes = [n for n in ast.walk(self.fn) if id(n) not in self.dead]
+        lazy = S.lazy_inits(self.fn)
         tests = [n.test for n in nodes if isinstance(n, (ast.If, ast.While, ast.IfExp, ast.Assert))]
         tests += [t for n in nodes if isinstance(n, ast.comprehension) for t in n.ifs]
         inside = {id(n) for t in tests for n in ast.walk(t)}
@@ -251,11 +241,26 @@ class _Function:
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value and self.self_name:
                 for t in (t for target in S.targets(node) for t in ast.walk(target) if isinstance(t, ast.Attribute)):
                     in_place = isinstance(node, ast.AugAssign) and self.tensor_like(t)  # self.buf += 1 is fine
-                    if isinstance(t.ctx, ast.Store) and self.is_self(S.root(t)) and not in_place:
+                    if isinstance(t.ctx, ast.Store) and self.is_self(S.root(t)) and not in_place and id(t) not in lazy:
                         yield t, "FG009", S.snippet(t)
-        for p, d in self.params if self.entry else ():
-            if _SCALAR.fullmatch(S.annotation(p)) or S.is_number(d):
-                yield p, "FG010", p.arg
+        for p in self.varying_numbers(nodes) if self.entry else ():
+            yield p, "FG010", p.arg
+
+    def varying_numbers(self, nodes: list[ast.AST]) -> list[ast.arg]:
+        """Number arguments used as values: in arithmetic with a tensor (`x * scale`) or as a loop's bound
+        (`range(steps)`), directly or through a local (`s = scale * 2`). Flags (bool) and numbers only tested,
+        sliced with or passed on (`use_cache`, `logits_to_keep`) select a graph and are fixed per call site."""
+        numbers = {p.arg: p for p, d in self.params if S.is_number_argument(p, d)}
+        used: set[str] = set()
+        for node in nodes:
+            if isinstance(node, ast.BinOp):
+                for side, other in ((node.left, node.right), (node.right, node.left)):
+                    if self.tensor_like(other, loose=True):
+                        used |= S.value_names(side, self.m.imports)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
+                used |= {n for a in node.args for n in S.value_names(a, self.m.imports)}
+        origin = S.value_origins(nodes, set(numbers), self.m.imports)
+        return [numbers[a] for a in sorted({a for n in used & origin.keys() for a in origin[n]})]
 
     def check_call(self, call: ast.Call) -> str | None:
         f = call.func
@@ -275,7 +280,12 @@ class _Function:
             return "FG002"
         if (name == "print" and bare) or (name in R.LOG_METHODS and receiver is not None and self._is_logger(receiver)):
             return "FG004"
-        if name in R.LIST_MUTATORS and receiver is not None and self._outlives_call(receiver):
+        if (
+            name in R.LIST_MUTATORS
+            and receiver is not None
+            and not S.is_dict_pop(call)
+            and self._outlives_call(receiver)
+        ):
             return "FG005"
         if name in R.DICT_VIEWS and self.entry and isinstance(receiver, ast.Name):
             return "FG006" if receiver.id in self.param_names or receiver.id == self.kwargs else None
@@ -315,30 +325,25 @@ class _Function:
         return "FG006" if it.id == self.kwargs or re.search(r"dict|mapping", ann, re.IGNORECASE) else None
 
 
-def _suppressions(text: str) -> dict[int, frozenset[str] | None]:
-    """line -> rule ids silenced there by `# fullgraph: ignore[FG001,FG002]`; None for a bare `# fullgraph: ignore`."""
-    out: dict[int, frozenset[str] | None] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT and (m := _IGNORE.search(tok.string)):
-            ids = None if m.group(1) is None else frozenset(s.strip().upper() for s in m.group(1).split(","))
-            out[tok.start[0]] = ids
-    return out
-
-
 def lint_source(text: str, path: str = "<string>") -> list[Finding]:
     """Findings in one file's source, sorted by position. FullgraphError if it does not parse."""
-    try:
-        tree = ast.parse(text, filename=path)
-    except SyntaxError as e:
-        raise FullgraphError(f"{path}:{e.lineno}: cannot parse: {e.msg}") from e
-    except ValueError as e:  # null bytes in the source
-        raise FullgraphError(f"{path}: cannot parse: {e}") from e
+    tree = S.parse(text, path)
+    return lint_functions(text, path, tree, _Module(tree).entry_points())
+
+
+def lint_functions(text: str, path: str, tree: ast.Module, roots, classes=()) -> list[Finding]:
+    """Findings in `roots`, (function node, its class node or None, whether torch.compile is called on it), in the
+    methods of `classes` (class nodes) under @torch.compile, and in what they call in the file, sorted by position.
+    `tree` is `text` parsed."""
     module = _Module(tree)
+    roots = list(roots)
+    for c in classes:
+        roots += [(fn, c, True) for fn in c.body if isinstance(fn, Functions) and module.decorated(fn, R.COMPILE)]
     found: dict[tuple[int, int, str], str] = {}  # a chain such as x.cpu().numpy() is one finding
-    for fn, cls, entry in module.scanned():
+    for fn, cls, entry in module.scanned(roots):
         for node, rule, what in _Function(module, fn, cls, entry).check():
             found.setdefault((node.lineno, node.col_offset + 1, rule), what)
-    silenced = _suppressions(text)
+    silenced = S.suppressions(text)
     findings = []
     for (line, col, rule), what in found.items():
         if line not in silenced or (silenced[line] is not None and rule not in silenced[line]):

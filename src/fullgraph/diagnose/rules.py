@@ -112,5 +112,9 @@ PYTHON_METHODS = frozenset(
     {"item", "tolist", "numpy", "get", "keys", "values", "items", "copy", "count", "index", "format", "join",
      "startswith", "endswith", "lower", "upper", "strip"}
 )  # fmt: skip
+# Calls whose value a compiled call knows (syntax.known_truth): Dynamo evaluates them while tracing.
+COMPILING = frozenset({"is_compiling", "is_dynamo_compiling", "is_torchdynamo_compiling"})  # True when compiled
+NOT_COMPILING = frozenset({"is_scripting", "is_tracing"})  # torch.jit's: False when compiled
+NUMBER_FUNCS = frozenset({"float", "int", "abs", "round", "min", "max"})  # a number in, a number out (value_names)
 COMPILE = frozenset({"torch.compile"})
 DISABLE = frozenset({"torch.compiler.disable", "torch._dynamo.disable"})  # callees that run eagerly: not scanned

@@ -1,4 +1,5 @@
-"""FG010 planted: Python numbers as arguments of forward and of compiled functions."""
+"""FG010 planted: Python numbers that forward and compiled functions compute with (arithmetic on a tensor, a loop's
+bound)."""
 
 import torch
 from torch import nn
@@ -10,15 +11,16 @@ class Scaled(nn.Module):
         x,
         scale=1.0,  # expect: FG010
         steps: int = 4,  # expect: FG010
-        causal: bool = False,  # expect: FG010
         temperature: float | None = None,  # expect: FG010
+        shift: float = 0.0,  # expect: FG010
         *,
         eps=1e-6,  # expect: FG010
         offset=-1,  # expect: FG010
     ):
         for _ in range(steps):
             x = x * scale + offset
-        return x / (temperature or 1.0) + eps if causal else x
+        half = shift / 2  # through a local
+        return x / (temperature or 1.0) + eps + half
 
 
 @torch.compile

@@ -1,4 +1,5 @@
-"""FG010's clean twin: numbers fixed in __init__ or passed as tensors; helpers may take Python numbers."""
+"""FG010's clean twin: numbers fixed in __init__ or passed as tensors; flags and sizes a call site fixes; helpers may
+take Python numbers."""
 
 import torch
 from torch import nn
@@ -10,11 +11,21 @@ class Scaled(nn.Module):
         self.steps = steps
         self.eps = eps
 
-    def forward(self, x, scale: torch.Tensor, mask: torch.Tensor | None = None, cache=None):
+    def forward(
+        self,
+        x,
+        scale: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache=None,
+        use_cache: bool = False,  # a flag: two graphs at most, and a call site fixes it
+        keep: int = 0,  # a size, only sliced with: fixed per call site (a new one recompiles once, then goes dynamic)
+    ):
         for _ in range(self.steps):
             x = x * scale
         if mask is not None:
             x = x * mask
+        if use_cache and keep > 0:
+            x = x[:, -keep:]
         if self.training or x.shape[-1] > 4:
             x = self._mix(x)
         return x + self.eps
