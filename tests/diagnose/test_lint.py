@@ -276,3 +276,134 @@ def test_directories_are_searched_for_python_files(tmp_path):
     files = python_files([tmp_path / "pkg", tmp_path / "script", tmp_path / "pkg" / "a.py"])
     assert [Path(f).relative_to(tmp_path).as_posix() for f in files] == ["pkg/a.py", "pkg/sub/b.py", "script"]
     assert len(lint_paths([tmp_path])) == 2  # a.py and b.py; hidden dirs and __pycache__ skipped
+
+
+# What a compiled inference call never runs is not scanned: the doctor runs the model in eval mode, and Dynamo
+# evaluates is_compiling() (True) and torch.jit.is_scripting() (False) while tracing.
+NEVER_RUN = [
+    "if self.training:\n    print(x)\n    x = x[x > 0]",
+    "if not self.training:\n    x = x * 2\nelse:\n    print(x)",
+    "if self.gradient_checkpointing and self.training:\n    logger.warning('no cache')",
+    "if self.training and x.sum() > 0:\n    x = x * 2",
+    "y = x.item() if self.training else x",
+    "if not torch.compiler.is_compiling():\n    print(x.shape)",
+    "if not is_torchdynamo_compiling() and x.sum() > 0:\n    x = x * 2",
+    "if torch.jit.is_scripting():\n    print(x)",
+    "synced = False if torch.compiler.is_compiling() else x.any().item()",
+    "skip = False\nif self.training:\n    skip = torch.rand([]) < 0.1\nif not skip:\n    x = x * 2",
+    "if self.training:\n    self._drop(x)",
+]
+
+
+@pytest.mark.parametrize("body", NEVER_RUN)
+def test_code_a_compiled_inference_call_never_runs_is_not_scanned(body):
+    src = forward(body).replace("class M", "logger = None\n\n\nclass M")
+    src += "\n    def _drop(self, x):\n        print(x)\n"  # reached only from a training branch
+    assert lint_source(src) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "rule"),
+    [
+        ("if self.training:\n    x = x * 2\nelse:\n    print(x)", "FG004"),
+        ("if x.sum() > 0 and self.training:\n    x = x * 2", "FG001"),  # evaluated before the flag settles it
+        ("if torch.compiler.is_compiling():\n    y = x.item()", "FG002"),
+    ],
+)
+def test_the_branch_a_compiled_call_takes_is_scanned(body, rule):
+    assert rules_in(forward(body)) == {rule}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "x, use_cache: bool = False",
+        "x, output_attentions: bool | None = None",
+        "x, is_causal=True",
+        "x, flag: Optional[bool] = None",
+    ],
+)
+def test_flags_are_not_python_scalar_findings(args):
+    body = "if use_cache or is_causal:\n    x = x * 2\nreturn x"
+    assert lint_source(forward(body, args=args)) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return x[:, -logits_to_keep:]",  # a size, fixed per call site
+        "return self.embed(x, cache_length=logits_to_keep)",  # passed on
+        "if logits_to_keep > 0:\n    x = x[:, :logits_to_keep]\nreturn x",  # tested
+        "return torch.zeros(logits_to_keep)",
+    ],
+)
+def test_numbers_only_tested_sliced_or_passed_on_are_not_findings(body):
+    assert lint_source(forward(body, args="x, logits_to_keep: int | torch.Tensor = 0")) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return x * scale",
+        "return scale * x.relu()",
+        "return x + float(scale) / 2",
+        "half = scale / 2\nreturn x - half",
+        "for _ in range(scale):\n    x = x * 2\nreturn x",
+    ],
+)
+def test_numbers_computed_with_are_python_scalar_findings(body):
+    [f] = lint_source(forward(body, args="x, scale: int = 2"))
+    assert (f.rule, f.line) == ("FG010", 9)
+
+
+def test_python_scalars_of_helpers_and_called_forwards_are_not_findings():
+    src = forward("return self._mix(x)") + "\n    def _mix(self, x, alpha: float = 0.5):\n        return x * alpha\n"
+    assert lint_source(src) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "kwargs.pop('output_attentions', None)\nkwargs.pop('output_hidden_states')",
+        "opts = kwargs\nopts.clear()",
+        "self.extra.pop('k', None)\nself.extra.pop(key, None)",
+    ],
+)
+def test_dict_pops_and_the_calls_own_kwargs_are_not_list_mutations(body):
+    assert lint_source(forward(body, args="x, key, *args, **kwargs")) == []
+
+
+def test_a_set_once_attribute_is_not_module_state_mutation():
+    body = """\
+if self.config.problem_type is None:
+    if x.shape[-1] == 1:
+        self.config.problem_type = "regression"
+    else:
+        self.config.problem_type = "single_label_classification"
+        self.other = 1
+if self.cache is None and x.shape[0] > 4:
+    self.cache = x
+if self.last is None or x.shape[0] > 4:  # may run on every call
+    self.last = x
+"""
+    assert [(f.rule, f.line) for f in lint_source(forward(body))] == [("FG009", 15), ("FG009", 19)]
+
+
+@pytest.mark.parametrize(
+    ("args", "body"),
+    [
+        ("x, output_attentions: torch.Tensor | None = False", "if output_attentions:\n    x = x * 2"),
+        (
+            "x, cache: torch.Tensor | None = None",
+            "n = 0 if cache is None else cache.get_seq_length()\nif n == 0:\n    x = x * 2",
+        ),
+        ("x", "emb, frames = self.embed(x)\nif frames != 8:\n    x = x * 2"),
+    ],
+)
+def test_misread_tensors_from_library_code(args, body):
+    """Found in transformers: a flag annotated Tensor, a Cache annotated Tensor, a submodule returning a tuple."""
+    assert lint_source(forward(body, args=args)) == []
+
+
+def test_tensor_subclass_annotations_are_tensors():
+    assert rules_in(forward("if ids > 0:\n    x = -x", args="x, ids: torch.LongTensor | None = None")) == {"FG001"}

@@ -192,7 +192,8 @@ def lazy_inits(fn: ast.FunctionDef) -> set[int]:
     the write happens once, so the guard on it fails once (one recompile), not on every call."""
     out = set()
     for node in (n for n in ast.walk(fn) if isinstance(n, ast.If)):
-        for t in node.test.values if isinstance(node.test, ast.BoolOp) else [node.test]:
+        test = node.test  # `unset and ...` runs the body only while unset; `unset or ...` may run it every call
+        for t in test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]:
             match t:
                 case ast.Compare(left=ast.Attribute() as left, ops=[ast.Is()], comparators=[ast.Constant(value=None)]):
                     stores = (a for n in node.body for a in ast.walk(n) if isinstance(a, ast.Attribute))
