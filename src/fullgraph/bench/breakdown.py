@@ -143,7 +143,6 @@ _REDUCTION = re.compile(r"norm|softmax|sum|mean|var|std|amax|amin|max|min|reduce
 _LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|transpose|convert|tensortransform", re.I)
 _ATTENTION_OP = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|fullgraph::sdpa")
 _CONV_OP = re.compile(_names("conv1d conv2d conv3d convolution _convolution"))  # (x, w, b, stride, padding, ...)
-_USER_FRAME = re.compile(r"^(?!torch/|<|contextlib|threading|/tmp/torchinductor)\S+\.py\(\d+\): \S+")
 _ITEMSIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "bool": 1}
 _ITEMSIZE |= {"short int": 2, "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
 
@@ -277,9 +276,9 @@ def _top(launches: Sequence[Launch], calls: int) -> list[KernelTime]:
     return sorted(rows, key=lambda k: -k.ms)[:TOP_N]
 
 
-def _steps(launches: Sequence[Launch]) -> list[tuple[str, bool, float, str]]:
-    """Launch order as (class, pointwise, µs, name) per op: consecutive launches of one op are one step, taking
-    the class of its longest launch; memsets and ops of class "other" (views) are skipped."""
+def _steps(launches: Sequence[Launch]) -> list[tuple[str, bool, float, Launch]]:
+    """Launch order as (class, pointwise, µs, longest launch) per op: consecutive launches of one op are one step,
+    of the class of its longest launch; memsets and ops of class "other" (views) are skipped."""
     steps: list[list[Launch]] = []
     for x in sorted(launches, key=lambda x: x.start_us):
         if x.cls == "other" or "memset" in x.name.lower():
@@ -291,8 +290,15 @@ def _steps(launches: Sequence[Launch]) -> list[tuple[str, bool, float, str]]:
     out = []
     for step in steps:
         main = max(step, key=lambda x: x.dur_us)
-        out.append((main.cls, is_pointwise(main.name, main.cls), sum(x.dur_us for x in step), main.name))
+        out.append((main.cls, is_pointwise(main.name, main.cls), sum(x.dur_us for x in step), main))
     return out
+
+
+def _short(x: Launch) -> str:
+    """A kernel's name without its template arguments, with its op where the name alone says little."""
+    base = x.name.removeprefix("void ").split("<")[0].split("(")[0].split("::")[-1]
+    op = x.source.split(" <- ")[0]
+    return f"{base} ({op})" if base != x.name and op else base[:60]
 
 
 FIXES = {
@@ -321,22 +327,18 @@ def find_flags(
             share = f"{100 * us / total:.1f}% of kernel time"
             flags.append(Flag(kind, f"{message}: {ms:.3f} ms per call ({share})", ms, FIXES[kind]))
 
-    def some(names: set[str]) -> str:
-        return ", ".join(sorted(n[:60] for n in names)[:3])
+    def some(launches: Sequence[Launch]) -> str:
+        return ", ".join(sorted({_short(x) for x in launches})[:3])
 
     patch = [x for x in launches if x.patch_conv]
-    add(
-        "conv-as-gemm", sum(x.dur_us for x in patch), f"{min((x.patch_conv for x in patch), default='')} runs as a conv"
-    )
+    what = min((x.patch_conv for x in patch), default="")
+    add("conv-as-gemm", sum(x.dur_us for x in patch), f"{what} runs as a convolution, with its layout conversions")
     layout = [x for x in launches if is_layout_conversion(x.name, x.cls) and not x.patch_conv]
     n = round(len(layout) / calls)
-    add(
-        "layout-conversion", sum(x.dur_us for x in layout), f"{n} layout conversions ({some({x.name for x in layout})})"
-    )
+    add("layout-conversion", sum(x.dur_us for x in layout), f"{n} layout conversions per call ({some(layout)})")
     steps = _steps(launches)
     between = [s for i, s in enumerate(steps[1:-1], 1) if s[1] and steps[i - 1][0] == "gemm" == steps[i + 1][0]]
-    n = round(len(between) / calls)
-    names = some({s[3] for s in between})
+    n, names = round(len(between) / calls), some([s[3] for s in between])
     add("epilogue-candidate", sum(s[2] for s in between), f"{n} standalone elementwise kernels between GEMMs ({names})")
     if idle_share is not None and idle_share > LAUNCH_BOUND_IDLE and not cuda_graphs:
         ms = idle_share * call_ms
@@ -375,7 +377,9 @@ def profile_breakdown(
         fn()
     _sync(device)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
-    profile = torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True, with_stack=True)
+    # no with_stack: its Python tracer keeps raw pointers to code objects, which can be freed before the events are
+    # read (torch's UnicodeDecodeError in _parse_kineto_results, pytorch/pytorch#136040; seen here on torch 2.13)
+    profile = torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True)
     with profile as prof, torch.profiler.record_function(REGION):
         t0 = time.perf_counter()
         for _ in range(calls):
@@ -447,7 +451,7 @@ def _gemm_flops(name: str, shapes: Sequence[Any], ci: Sequence[Any] | None) -> f
 
 
 class _Events:
-    """The profile read once: CPU events (ops, annotations, Python frames) and what device kernels link to."""
+    """The profile read once: CPU events (ops and annotations) and the ops device kernels link to."""
 
     def __init__(self, prof: Any, itemsize: int, patches: dict[tuple[int, ...], str]) -> None:
         self.itemsize, self.patches = itemsize, patches
@@ -471,23 +475,10 @@ class _Events:
         return out
 
     def source(self, chain: list[Any]) -> str:
-        found = inductor_kernel(chain[0].name)
-        if found:
+        """The Inductor fusion a kernel's name lists, else the outermost op that launched it."""
+        if found := inductor_kernel(chain[0].name):
             return f"Inductor fusion: {found[1] or chain[0].name}"
-        op = next((c.name for c in reversed(chain) if _OP.match(c.name)), "")
-        # the model line: torch 2.11 keeps the Python stack on each op (innermost frame first), later versions
-        # record Python frames as events around the ops; inside a compiled region it would be the wrapper's line
-        frames = [f for c in chain for f in getattr(c, "stack", None) or ()]
-        p = chain[0]
-        while p is not None:
-            frames.append(p.name)
-            p = p.cpu_parent
-        for f in frames:
-            if "torchinductor" in f or "torch/_inductor" in f or _compiled_call(f):
-                return op
-            if _USER_FRAME.match(f) and "fullgraph/bench/" not in f:
-                return f"{op} <- {f}" if op else f
-        return op
+        return next((c.name for c in reversed(chain) if _OP.match(c.name)), "")
 
     def op_bytes(self, e: Any) -> float | None:
         """Bytes an op's kernels move, estimated from its tensor arguments (read or written once each)."""
