@@ -51,7 +51,7 @@ class KernelTime:
     cls: str
     ms: float
     calls: int  # launches per call of the model
-    source: str = ""  # the aten op or model line it comes from, where the profiler or Inductor gives it
+    source: str = ""  # the aten op (outermost) that launched it, or the ops Inductor's kernel name says it fuses
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ class Launch:
     dur_us: float
     cls: str
     group: int = -1  # the outermost op that launched it: consecutive launches of one op are one step
-    source: str = ""  # the aten op, Inductor fusion or model line it comes from
+    source: str = ""  # the aten op or Inductor fusion it comes from
     work_key: int | None = None  # the op whose work (FLOPs or bytes) this launch shares
     work: float | None = None  # FLOPs (gemm, attention) or bytes (elementwise, copy) of that op
     patch_conv: str = ""  # launched by a patch-embedding convolution: its description
@@ -297,8 +297,7 @@ def _steps(launches: Sequence[Launch]) -> list[tuple[str, bool, float, Launch]]:
 def _short(x: Launch) -> str:
     """A kernel's name without its template arguments, with its op where the name alone says little."""
     base = x.name.removeprefix("void ").split("<")[0].split("(")[0].split("::")[-1]
-    op = x.source.split(" <- ")[0]
-    return f"{base} ({op})" if base != x.name and op else base[:60]
+    return f"{base} ({x.source})" if base != x.name and x.source else base[:60]
 
 
 FIXES = {
@@ -386,7 +385,8 @@ def profile_breakdown(
             fn()
         _sync(device)
         wall_ms = (time.perf_counter() - t0) * 1e3 / calls
-    dtype = dtype or next((p.dtype for p in (model.parameters() if model else ()) if p.is_floating_point()), None)
+    params = model.parameters() if model is not None else ()
+    dtype = dtype or next((p.dtype for p in params if p.is_floating_point()), None)
     events = _Events(prof, itemsize=(dtype or torch.float32).itemsize, patches=_patch_modules(model))
     launches = events.gpu_launches() if gpu else events.cpu_launches()
     call_ms, idle, method = wall_ms, None, "cpu-clock, profiled"
