@@ -12,10 +12,12 @@ cycles the calls over several input sets, so the bytes touched can exceed the L2
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +46,7 @@ class Timing:
     reps: int
     inner: int
     method: str  # "cuda-events", "cuda-graph" or "cpu-clock"
+    samples_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)  # per-call times, in call order
 
     @classmethod
     def from_samples(cls, samples_ms: Sequence[float], inner: int, method: str) -> Timing:
@@ -57,6 +60,7 @@ class Timing:
             reps=len(s),
             inner=inner,
             method=method,
+            samples_ms=tuple(samples_ms),
         )
 
 
@@ -221,3 +225,65 @@ def benchmark(
     peak = peak_memory(fn, device)
     timing = measure(fn, device=device, warmup=warmup, reps=reps, inner=inner, graph=graph)
     return Measurement(first_call_s=first_s, timing=timing, peak_memory_bytes=peak)
+
+
+# A core counts as taken by other work when it was busy this share of the sampled interval while we slept.
+BUSY_CORE = 0.5
+
+
+def _cpu_ticks() -> dict[str, tuple[int, int]]:
+    """cpu name -> (busy, total) jiffies from /proc/stat (Linux); empty elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and not line.startswith("cpu ")]
+    except OSError:
+        return {}
+    out = {}
+    for name, *vals in lines:
+        ticks = [int(v) for v in vals[:8]]
+        idle = ticks[3] + ticks[4]  # idle + iowait
+        out[name] = (sum(ticks) - idle, sum(ticks))
+    return out
+
+
+def cpu_threads_available(interval_s: float = 0.25) -> tuple[int, str]:
+    """How many threads CPU timing should use, and why: this process's cores less those other work keeps busy.
+
+    torch's default (one thread per core) collapses when another process holds a core: its threads wait for
+    each other at every parallel region (measured on a 2-core machine: 104 ms per call with a competing process
+    against 2.9 ms with one thread). Sampled from /proc/stat while this process sleeps; outside Linux, torch's
+    own thread count."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    default = min(torch.get_num_threads(), allowed)
+    before = _cpu_ticks()
+    if not before:
+        return default, f"{default} thread(s), torch's default (no /proc/stat to see other load)"
+    time.sleep(interval_s)
+    after = _cpu_ticks()
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(allowed)
+    busy = 0
+    for c in cores:
+        b0, t0 = before.get(f"cpu{c}", (0, 0))
+        b1, t1 = after.get(f"cpu{c}", (0, 0))
+        busy += t1 > t0 and (b1 - b0) / (t1 - t0) >= BUSY_CORE
+    # All cores idle: still leave one to the rest of the system, so a burst of other work cannot stall every
+    # parallel region of every call (on 16 cores that costs a sixteenth; on 2 it buys stable timings).
+    n = max(1, min(default, allowed - max(busy, 1)))
+    why = f"{busy} of {allowed} core(s) busy with other work" if busy else f"{allowed} core(s) idle, one left free"
+    return n, f"{n} thread(s): {why}"
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `n` inside the block (restored after); None leaves it alone.
+
+    Inductor bakes the thread count into the CPU kernels it compiles, so compile inside the block too."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

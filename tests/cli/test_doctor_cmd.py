@@ -69,3 +69,45 @@ def test_json_report_names_every_section(tmp_path):
     d = json.loads((tmp_path / "r.json").read_text())
     assert {"target", "device", "inputs", "environment", "lint", "graph_count", "graph_breaks", "recompiles"} <= set(d)
     assert {"cudagraph_skips", "configs", "recommendation", "checklist", "notes", "schema_version"} <= set(d)
+
+
+def test_comma_separated_modes_keyword_inputs_and_a_bf16_input_alone(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Masked(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.emb = nn.Embedding(1000, 8)\n"
+        "    def forward(self, input_ids, attention_mask=None):\n"
+        "        h = self.emb(input_ids)\n"
+        "        return h * attention_mask[..., None].to(h.dtype)\n"
+        "def build():\n    return Masked()\n"
+        "def lin():\n    return nn.Linear(64, 8)\n"
+    )
+    r, _ = doctor_cli(
+        tmp_path, "m.py:build", "--mode", "eager,default", "--input", "2x7:int64",
+        "--input", "attention_mask=2x7:int64", "--vary", "batch,seq", "--json", "r.json", "--no-profile",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = Report.from_json((tmp_path / "r.json").read_text())
+    assert [c.mode for c in report.configs] == ["eager", "default"]
+    assert report.inputs == ["2x7:int64", "attention_mask=2x7:int64"]
+    assert {rc.trigger.split(" ")[0] for rc in report.recompiles} <= {"batch", "seq"}
+    # a bf16 input alone: the model runs in bf16 too, instead of "fails in eager mode"
+    r, _ = doctor_cli(tmp_path, "m.py:lin", "--mode", "eager", "--input", "4x64:bf16", "--json", "b.json")
+    assert r.returncode == 0, r.stderr
+    report = Report.from_json((tmp_path / "b.json").read_text())
+    assert [c.name for c in report.configs] == ["eager bf16"] and report.configs[0].ok
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "eager,fast"], "--mode: unknown fast"),
+        (["--vary", "batch,dtypes"], "--vary: unknown dtypes"),
+        (["--budget", "0"], "--budget must be a positive"),
+        (["--input", "mask=2x3", "--input", "2x3"], "positional inputs come before"),
+    ],
+)
+def test_bad_flags_are_one_line_exit_2(tmp_path, args, message):
+    (tmp_path / "m.py").write_text("import torch\nfrom torch import nn\ndef build():\n    return nn.Linear(3, 3)\n")
+    r, _ = doctor_cli(tmp_path, "m.py:build", *args)
+    assert r.returncode == 2 and message in r.stderr.strip().splitlines()[-1], r.stderr

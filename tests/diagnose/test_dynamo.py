@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fullgraph.diagnose import dynamo
+from fullgraph.diagnose.inputs import Example
 from tests.diagnose import models
 from tests.skips import requires_cuda
 
@@ -21,7 +22,7 @@ def break_lines(cls) -> set[int]:
 def test_break_count_matches_explain_and_names_user_lines(cls):
     model = cls()
     x = torch.randn(4, 16).abs() + 0.1  # positive: the value branches take the same path in both runs
-    rec, _ = dynamo.capture_breaks(model, (x,))
+    rec, _ = dynamo.capture_breaks(model, Example.of((x,)))
     expected = torch._dynamo.explain(model)(x).graph_break_count
     assert rec.graph_break_count == expected
     if cls is models.Clean:
@@ -36,7 +37,7 @@ def test_break_count_matches_explain_and_names_user_lines(cls):
 
 
 def test_break_details_from_torch_registry():
-    rec, _ = dynamo.capture_breaks(models.ItemCall(), (torch.randn(3, 16),))
+    rec, _ = dynamo.capture_breaks(models.ItemCall(), Example.of(torch.randn(3, 16)))
     (b,) = rec.breaks
     assert "item()" in b.source and b.function == "forward"
     if dynamo._registry():  # torch >= 2.7 ships its graph-break registry
@@ -54,7 +55,7 @@ def test_other_compiled_models_keep_their_code():
     x = torch.randn(8)
     other(x)
     assert len(compiles) == 1
-    dynamo.capture_breaks(models.Several(), (torch.randn(4, 16),))
+    dynamo.capture_breaks(models.Several(), Example.of(torch.randn(4, 16)))
     other(x)
     assert len(compiles) == 1  # the doctor's run did not discard `other`'s compiled code
     torch._dynamo.explain(models.ItemCall())(torch.randn(4, 16))
@@ -63,13 +64,71 @@ def test_other_compiled_models_keep_their_code():
 
 
 def test_recompiles_found_with_guard_and_fix():
-    rec, compiled = dynamo.capture_breaks(models.Clean(), (torch.randn(4, 16),))
-    found = dynamo.capture_recompiles(compiled, [("inputs", (torch.randn(4, 16),)), ("batch", (torch.randn(9, 16),))])
+    rec, compiled = dynamo.capture_breaks(models.Clean(), Example.of(torch.randn(4, 16)))
+    variants = [("inputs", Example.of(torch.randn(4, 16))), ("batch", Example.of(torch.randn(9, 16)))]
+    found = dynamo.capture_recompiles(compiled, variants)
     assert [r.trigger for r in found] == ["batch"]
     (r,) = found
     assert "size mismatch at index 0" in r.guard_failure and "mark_dynamic(input, 0" in r.fix
     assert os.path.abspath(r.file) == MODELS_FILE and r.function == "forward"
     assert rec.graph_break_count == 0  # the recompile is not counted as a new graph
+
+
+def test_one_batch_change_is_one_cause_named_after_the_users_function():
+    # A broken forward is three fragments; a new batch size fails the guards of each: one cause, counted three times.
+    rec, compiled = dynamo.capture_breaks(models.ValueBranch(), Example.of(torch.randn(4, 16).abs()))
+    found = dynamo.capture_recompiles(compiled, [("batch", Example.of(torch.randn(9, 16).abs()))])
+    assert rec.graph_break_count == 1
+    (r,) = found
+    assert r.count >= 2 and r.function == "forward" and "torch_dynamo_resume" not in r.function
+    assert "mark_dynamic(input, 0" in r.fix
+
+
+def test_resume_function_names_read_as_the_users():
+    assert dynamo.user_function_name("torch_dynamo_resume_in_forward_at_32") == "forward (after the break at line 32)"
+    assert dynamo.user_function_name("forward") == "forward"
+
+
+class PerItem(torch.nn.Module):
+    """A per-image loop, as detection models have: each new image size recompiles `one`, breaking again."""
+
+    def forward(self, xs):
+        return [self.one(x) for x in xs]
+
+    def one(self, x):
+        y = x * 2
+        return y * y.max().item()  # the same line breaks once per image size
+
+
+def test_breaks_in_a_loop_are_one_place_with_a_count():
+    xs = [torch.randn(n) for n in (5, 6, 7, 8)]
+    torch._dynamo.reset()
+    rec, _ = dynamo.capture_breaks(PerItem(), Example.of((xs,)))
+    grouped = dynamo.group_breaks(rec.breaks)
+    assert len(grouped) == 1 and grouped[0].count == len(rec.breaks) >= 2
+    assert rec.graph_break_count == torch._dynamo.explain(PerItem())(xs).graph_break_count
+
+
+def test_registry_types_for_reasons_without_a_link_and_whole_hints():
+    if not dynamo._registry():
+        pytest.skip("this torch ships no graph-break registry")
+    gb_id, gb_type, _ = dynamo._registry_entry("generic_jump TensorVariable()")
+    assert gb_id == "GB0170" and gb_type == "Data-dependent branching"
+    gb_id, gb_type, hint = dynamo._registry_entry("Dynamic shape operator\n  Explanation: x")
+    assert gb_id == "GB0036" and "capture_dynamic_output_shape_ops = True" in hint  # split over two items
+    assert dynamo._registry_entry("step_unsupported")[1].startswith("Unsupported bytecode")
+
+
+@pytest.mark.parametrize(
+    ("failure", "expect"),
+    [
+        ("___check_obj_id(func.__code__, 1403)", "create it once"),
+        ("tensor 'x' size mismatch at index 1. expected 8, actual 17", "dim 1 dynamic"),
+        ("L['n'] == 3", "pass it as a tensor"),
+    ],
+)
+def test_recompile_fix_table(failure, expect):
+    assert expect in dynamo._first_match(dynamo.RECOMPILE_FIXES, failure)
 
 
 def test_room_for_recompiles_is_scoped():

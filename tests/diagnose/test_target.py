@@ -1,7 +1,9 @@
 import pytest
 import torch
+from torch import nn
 
 from fullgraph.diagnose import target
+from fullgraph.diagnose.inputs import spec_of
 from fullgraph.errors import FullgraphError, UsageError
 
 
@@ -17,7 +19,7 @@ def test_input_specs(spec, shape, dtype):
     assert target.parse_input_spec(spec) == (shape, dtype)
     t = target.make_input(spec, torch.device("cpu"))
     assert t.shape == shape and t.dtype == dtype
-    assert target.spec_of(t).startswith("x".join(map(str, shape)))
+    assert spec_of(t).startswith("x".join(map(str, shape)))
 
 
 @pytest.mark.parametrize("bad", ["4xAx3", "", "4x3:float99", "x:fp32"])
@@ -34,16 +36,16 @@ def write(tmp_path, body: str) -> str:
 
 def test_file_target_with_inputs(tmp_path):
     path = write(tmp_path, "def build():\n    return nn.Linear(5, 3), torch.randn(2, 5)\n")
-    model, inputs = target.load_target(f"{path}:build", [], torch.device("cpu"))
+    model, example = target.load_target(f"{path}:build", [], torch.device("cpu"))
     assert isinstance(model, torch.nn.Linear) and not model.training
-    assert inputs[0].shape == (2, 5)
-    _, inputs = target.load_target(f"{path}:build", ["4x5"], torch.device("cpu"))
-    assert inputs[0].shape == (4, 5)  # --input overrides the callable's own inputs
+    assert example.args[0].shape == (2, 5)
+    _, example = target.load_target(f"{path}:build", ["4x5"], torch.device("cpu"))
+    assert example.args[0].shape == (4, 5)  # --input overrides the callable's own inputs
 
 
 def test_module_target():
-    model, inputs = target.load_target("fullgraph.diagnose.demo:demo", [], torch.device("cpu"))
-    assert type(model).__name__ == "DemoNet" and inputs[0].dim() == 4
+    model, example = target.load_target("fullgraph.diagnose.demo:demo", [], torch.device("cpu"))
+    assert type(model).__name__ == "DemoNet" and example.args[0].dim() == 4
 
 
 @pytest.mark.parametrize(
@@ -51,7 +53,7 @@ def test_module_target():
     [
         ("raise RuntimeError('boom')\n", "build", "does not import: RuntimeError: boom"),
         ("def build():\n    raise ValueError('no weights')\n", "build", "raised while building the model: ValueError"),
-        ("def build():\n    return 3\n", "build", "returned int, not an nn.Module"),
+        ("def build():\n    return 3\n", "build", "returned int, not an nn.Module or a callable"),
         ("def build():\n    return nn.Linear(2, 2)\n", "build", "returned no example inputs; pass --input"),
         ("x = 1\n", "build", "has no callable named 'build'"),
     ],
@@ -68,3 +70,40 @@ def test_missing_file_and_missing_colon():
         target.load_target("nowhere/model.py:build", [], torch.device("cpu"))
     with pytest.raises(UsageError, match="needs a callable"):
         target.load_target("fullgraph.diagnose.demo", [], torch.device("cpu"))
+
+
+def test_structured_returns_and_keyword_specs(tmp_path):
+    path = write(
+        tmp_path,
+        "def images():\n    return nn.Identity(), [torch.randn(3, 4, 4), torch.randn(3, 5, 5)]\n"
+        "def kw():\n    return nn.Identity(), (torch.randn(2, 3),), {'scale': 0.5}\n",
+    )
+    _, ex = target.load_target(f"{path}:images", [], torch.device("cpu"))
+    assert len(ex.args) == 1 and len(ex.args[0]) == 2  # a list of images is one argument
+    _, ex = target.load_target(f"{path}:kw", [], torch.device("cpu"))
+    assert ex.args[0].shape == (2, 3) and ex.kwargs == {"scale": 0.5}
+    ex = target.inputs_from_specs(["2x16:int64", "attention_mask=2x16:int64"], torch.device("cpu"))
+    assert ex.args[0].dtype == torch.int64 and ex.kwargs["attention_mask"].shape == (2, 16)
+    with pytest.raises(UsageError, match="positional inputs come before"):
+        target.inputs_from_specs(["mask=2x3", "2x3"], torch.device("cpu"))
+    with pytest.raises(UsageError, match="name=spec"):
+        target.inputs_from_specs(["1bad=2x3"], torch.device("cpu"))
+
+
+def test_a_function_or_compiled_function_is_the_model(tmp_path):
+    path = write(
+        tmp_path,
+        "@torch.compile\ndef process(x, threshold):\n    return x * threshold\ndef plain(x):\n    return x + 1\n",
+    )
+    fn, _ = target.load_target(f"{path}:process", ["3x4"], torch.device("cpu"))
+    assert fn.__name__ == "process" and not hasattr(fn, "_torchdynamo_orig_callable")  # unwrapped
+    fn, _ = target.load_target(f"{path}:plain", ["3x4"], torch.device("cpu"))
+    assert fn(torch.zeros(1)).item() == 1
+
+
+def test_a_target_file_imports_its_sibling(tmp_path):
+    (tmp_path / "helper_layers.py").write_text("from torch import nn\ndef block():\n    return nn.Linear(3, 3)\n")
+    path = write(tmp_path, "import helper_layers\ndef build():\n    return helper_layers.block(), torch.randn(2, 3)\n")
+    model, _ = target.load_target(f"{path}:build", [], torch.device("cpu"))
+    assert isinstance(model, nn.Linear)
+    assert str(tmp_path) not in __import__("sys").path  # only while it imports

@@ -4,52 +4,83 @@ ending with the fastest configuration within tolerance, printed as code. Writes 
 
 from __future__ import annotations
 
-import sys
-import time
-
 DEMO = "fullgraph.diagnose.demo:demo"
+
+
+def _listed(values: list[str]) -> list[str]:
+    """`--mode eager,default --mode max-autotune` -> ["eager", "default", "max-autotune"]."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
 def add_parser(sub, name: str, help_text: str) -> None:
     p = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("target", nargs="?", default=None, help="package.module:callable or path/file.py:callable "
-                   "returning a module, or (module, inputs); default: a built-in demo model")  # fmt: skip
-    p.add_argument("--input", action="append", default=[], metavar="SPEC", help="an input, e.g. 4x3x224x224:fp32")
+    p.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        help="package.module:callable or path/file.py:callable "
+        "returning a model, (model, args) or (model, args, kwargs); default: a built-in demo model",
+    )
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="an input, e.g. 4x3x224x224:fp32; name=SPEC for a keyword input; repeat for several",
+    )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--dtype", action="append", default=[], help="dtypes to try (default fp32 and bf16 on a GPU)")
+    p.add_argument(
+        "--dtype",
+        action="append",
+        default=[],
+        metavar="D[,D]",
+        help="dtypes to try, comma-separated or repeated: casts the model and floating inputs "
+        "(default fp32 and bf16 on a GPU)",
+    )
     p.add_argument(
         "--mode",
         action="append",
         default=[],
-        help="modes to time: eager, default, reduce-overhead, "
+        metavar="M[,M]",
+        help="modes to time, comma-separated or repeated: eager, default, reduce-overhead, "
         "max-autotune-no-cudagraphs, max-autotune (default: all a GPU can run; eager, default on CPU)",
     )
     p.add_argument(
         "--vary",
         action="append",
         default=[],
-        choices=["batch", "seq", "dtype"],
-        help="also call with another batch size / sequence length / dtype to find recompiles",
+        metavar="batch|seq",
+        help="also call with other batch sizes / sequence lengths (every input carrying that dim) to "
+        "find recompiles; comma-separated or repeated",
     )
-    p.add_argument("--reps", type=int, default=20, help="timed repetitions per configuration (default 20)")
+    p.add_argument("--reps", type=int, default=20, help="timed calls per configuration (default 20)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="bound the whole run: the slowest compile modes are skipped first, and the report says which",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for compiling and timing (default: the cores no other work is using)",
+    )
+    p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profile of where the time goes")
     p.add_argument("--html", default="fullgraph_report.html", help="HTML report path (default %(default)s)")
     p.add_argument("--json", default="fullgraph_report.json", help="JSON report path (default %(default)s)")
     p.set_defaults(run=run)  # fmt: skip
 
 
-def _progress(start: float):
-    def say(msg: str) -> None:
-        print(f"[{time.monotonic() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-    return say
-
-
 def run(args) -> int:
     import torch
 
+    from fullgraph.cli.progress import progress_reporter
+    from fullgraph.diagnose.configs import build
     from fullgraph.diagnose.demo import DEMO_INPUTS
-    from fullgraph.diagnose.doctor import GPU_MODES, doctor
-    from fullgraph.diagnose.summary import format_summary
+    from fullgraph.diagnose.doctor import GPU_MODES, VARY, doctor
+    from fullgraph.diagnose.summary import print_summary
     from fullgraph.diagnose.target import load_target, parse_dtype
     from fullgraph.env import first_line
     from fullgraph.errors import FullgraphError, UsageError
@@ -58,26 +89,37 @@ def run(args) -> int:
     device = resolve_device(args.device)
     target = args.target or DEMO
     specs = args.input or (list(DEMO_INPUTS) if args.target is None else [])
-    vary = args.vary or (["batch"] if args.target is None else [])
-    unknown = sorted(set(args.mode) - set(GPU_MODES))
-    if unknown:
-        raise UsageError(f"--mode: unknown {', '.join(unknown)}; choose from {', '.join(GPU_MODES)}")
+    vary = _listed(args.vary) or (["batch"] if args.target is None else [])
+    modes = _listed(args.mode)
+    for flag, given, known in (("--mode", modes, GPU_MODES), ("--vary", vary, VARY)):
+        unknown = [m for m in given if m not in known]
+        if unknown:
+            raise UsageError(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)} (comma-separated)")
     if args.reps < 1:
         raise UsageError("--reps must be at least 1")
-    dtypes = [parse_dtype(d) for d in args.dtype] or None
-    say = _progress(time.monotonic())
-    say(f"loading {target} on {device}")
-    model, inputs = load_target(target, specs, device)
-    with torch.no_grad():  # a model that fails in eager is the user's bug to fix first; say so in one line
-        try:
-            model(*inputs)
-        except Exception as e:
-            raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
-    report = doctor(
-        model, inputs, target=target, modes=args.mode or None, dtypes=dtypes, vary=vary, reps=args.reps, progress=say
-    )
-    report.save_json(args.json)
-    report.save_html(args.html)
-    print(format_summary(report))
+    if args.budget is not None and args.budget <= 0:
+        raise UsageError("--budget must be a positive number of seconds")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be at least 1")
+    dtypes = [parse_dtype(d) for d in _listed(args.dtype)] or None
+    with progress_reporter() as say:
+        say(f"loading {target} on {device}")
+        model, example = load_target(target, specs, device)
+        # A model that fails in eager mode is the user's bug to fix first: say so in one line. It runs in the dtype
+        # asked for, else its inputs' (`--input 4x64:bf16` alone means a bf16 model).
+        dtype = (dtypes or [example.floating_dtype() or torch.float32])[0]
+        with torch.no_grad():
+            try:
+                example.cast(dtype).call(build(model, "eager", dtype))
+            except Exception as e:
+                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
+        report = doctor(
+            model, example.args, example.kwargs, target=target, modes=modes or None, dtypes=dtypes, vary=vary,
+            reps=args.reps, budget=args.budget, threads=args.threads, profile=args.profile, progress=say,
+        )  # fmt: skip
+        say("writing the reports")
+        report.save_json(args.json)
+        report.save_html(args.html)
+    print_summary(report)
     print(f"\nreports: {args.html}, {args.json}")
     return 0

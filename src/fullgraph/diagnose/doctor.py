@@ -1,178 +1,193 @@
-"""The doctor: lint, graph breaks, recompiles, CUDA-graph skips, and every compile mode measured side by side,
-ending with the fastest configuration whose output stays within tolerance of eager float32.
+"""The doctor: lint, graph breaks, recompiles, CUDA-graph skips, every compile mode measured side by side, and
+where the time goes, ending with the simplest configuration that is fastest beyond the measured noise and whose
+output stays within tolerance of eager float32.
+
+The model is an nn.Module or any callable (a `torch.compile`d function is examined as the function it wraps);
+example inputs are positional and keyword arguments of any structure (lists of images, floats, dicts).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import inspect
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch import nn
 
 from fullgraph import env
+from fullgraph._capture import capture_output
+from fullgraph.bench.breakdown import Breakdown, ceilings_for, profile_breakdown
+from fullgraph.diagnose import configs as cfg
 from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.checklist import build_checklist
-from fullgraph.diagnose.lint import lint_source
-from fullgraph.diagnose.report import ConfigResult, Recommendation, Report
-from fullgraph.diagnose.target import spec_of
-from fullgraph.timing import first_call, measure, peak_memory
+from fullgraph.diagnose.inputs import VARY_DIM, Example
+from fullgraph.diagnose.lint_scope import lint_target
+from fullgraph.diagnose.report import Report
+from fullgraph.diagnose.target import unwrap_compiled
+from fullgraph.timing import cpu_threads_available, pinned_threads
 
-GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-# CUDA graphs need a GPU, and CPU max-autotune spends minutes benchmarking GEMM templates on two cores.
-CPU_MODES = ("eager", "default")
-# ||out - ref|| / ||ref|| against eager float32, per dtype the configuration runs in.
-TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
-VARY = ("batch", "seq", "dtype")
-
-
-def _short(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+GPU_MODES, CPU_MODES, recommend = cfg.GPU_MODES, cfg.CPU_MODES, cfg.recommend
+VARY = tuple(VARY_DIM)
+# A second new size per --vary kind: the first may recompile once (automatic dynamic), the second must not.
+VARY_STEPS = 2
 
 
-def _cast(inputs: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    return tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+def _variants(example: Example, vary: Sequence[str], notes: list[str]) -> list[tuple[str, Example]]:
+    out = [("inputs", example)]
+    for kind in vary:
+        steps = [example.vary(kind, step) for step in range(1, VARY_STEPS + 1)]
+        if steps[0] is None:
+            notes.append(f"--vary {kind}: no input carries that dim ({', '.join(example.describe())})")
+            continue
+        out += [(kind, steps[0]), (f"{kind} (another size)", steps[1])]
+    return out
 
 
-def _rel_err(out, ref) -> float:
-    outs, refs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], tree_leaves(ref)
-    refs = [t for t in refs if isinstance(t, torch.Tensor)]
-    if len(outs) != len(refs) or not refs:
-        return float("inf")
-    num = sum(((o.double() - r.double()).norm() ** 2).item() for o, r in zip(outs, refs, strict=True))
-    den = sum((r.double().norm() ** 2).item() for r in refs)
-    err = (num / max(den, 1e-300)) ** 0.5
-    return err if err == err else float("inf")  # NaN never passes
-
-
-def vary_inputs(inputs: Sequence[torch.Tensor], kind: str) -> tuple[torch.Tensor, ...] | None:
-    """Inputs as a user would send next: another batch size, sequence length or dtype. None if not applicable."""
-    if kind == "dtype":
-        floats = any(t.is_floating_point() for t in inputs)
-        return _cast(inputs, torch.float16 if inputs[0].dtype != torch.float16 else torch.float32) if floats else None
-    dim = {"batch": 0, "seq": 1}[kind]
-    if not all(t.dim() > dim for t in inputs):
-        return None
+def _profile(
+    cands: Sequence[cfg.Candidate], names: Sequence[str], model: Any, device: torch.device, notes: list[str]
+) -> list[Breakdown]:
     out = []
-    for t in inputs:
-        shape = list(t.shape)
-        shape[dim] = shape[dim] * 2 + 1  # odd, so it is no multiple the first compile might have assumed
-        out.append(torch.randn(shape, dtype=t.dtype, device=t.device) if t.is_floating_point() else t.new_zeros(shape))
-    return tuple(out)
+    for c in (c for c in cands if c.name in names and c.fn is not None and c.error is None):
+        try:
+            ceilings = ceilings_for(device, c.dtype)
+            bd = profile_breakdown(
+                c.fn, device=device, label=c.name, ceilings=ceilings, dtype=c.dtype,
+                model=model if isinstance(model, nn.Module) else None, cuda_graphs="reduce-overhead" in c.mode
+                or c.mode == "max-autotune",
+            )  # fmt: skip
+            out.append(bd)
+        except Exception as e:  # the breakdown is advice; its failure must not cost the report
+            notes.append(f"breakdown of {c.name}: {env.first_line(e, 200)}")
+    return out
 
 
-def _lint(model: torch.nn.Module):
-    try:
-        path = inspect.getsourcefile(type(model))
-        with open(path, encoding="utf-8") as f:
-            return lint_source(f.read(), path), None
-    except (OSError, TypeError) as e:
-        return [], f"lint: model source not readable ({env.first_line(e)})"
-
-
-def _run_config(model, inputs, ref, device, dtype, mode, reps, skips_out: list[str]) -> ConfigResult:
-    name = f"{'eager' if mode == 'eager' else 'compile ' + mode} {_short(dtype)}"
-    tol = TOLERANCE.get(dtype, 1e-3)
-    try:
-        m = copy.deepcopy(model).to(dtype)
-        x = _cast(inputs, dtype)
-        fn = m if mode == "eager" else torch.compile(m, mode=mode)
-        with torch.no_grad(), dynamo.cudagraph_skips() as skips:
-            compile_s, _ = first_call(lambda: fn(*x), device)
-            t = measure(lambda: fn(*x), device=device, warmup=3, reps=reps)
-            peak = peak_memory(lambda: fn(*x), device)
-            err = _rel_err(fn(*x), ref)
-        skips_out.extend(f"{name}: {s}" for s in skips)
-    except Exception as e:  # a mode that fails to compile or run is a result, not a crash of the doctor
-        return ConfigResult(name, mode, _short(dtype), tolerance=tol, error=env.first_line(e, 300))
-    return ConfigResult(
-        name, mode, _short(dtype), t.median_ms, t.p20_ms, t.p80_ms,
-        compile_s=None if mode == "eager" else compile_s,
-        peak_memory_bytes=peak, rel_err=err, tolerance=tol,
-    )  # fmt: skip
-
-
-def recommend(configs: Sequence[ConfigResult]) -> Recommendation | None:
-    ok = [c for c in configs if c.ok and c.median_ms]
-    eager = [c for c in configs if c.mode == "eager" and c.median_ms]
-    base = next((c for c in eager if c.dtype == "fp32"), eager[0] if eager else None)
-    if not ok:
-        return None
-    best = min(ok, key=lambda c: c.median_ms)
-    dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[best.dtype]
-    cast = "" if best.dtype == "fp32" else f"model = model.to({dtype})  # and cast floating inputs to {dtype}\n"
-    if best.mode == "eager":  # compiling did not pay: say so rather than print a no-op
-        call = "# compiling did not beat eager mode for this model as written: remove its graph breaks first\n"
-    else:
-        call = f'model = torch.compile(model, mode="{best.mode}")\n'
-    code = f"{cast}{call}with torch.no_grad():\n    y = model(*inputs)"
-    if base is None:
-        return Recommendation(best.name, None, code)
-    return Recommendation(best.name, base.median_ms / best.median_ms, code, base.name)
+def _in_dtype(model: Any, dtype: torch.dtype | None) -> Any:
+    """`model` cast (a copy) to `dtype` when its floating parameters are in another one; else `model` itself."""
+    params = [p for p in model.parameters() if p.is_floating_point()] if isinstance(model, nn.Module) else []
+    if dtype is None or not params or params[0].dtype == dtype:
+        return model
+    return cfg.build(model, "eager", dtype)
 
 
 def doctor(
-    model: torch.nn.Module,
-    example_inputs: Sequence[torch.Tensor],
+    model: Callable,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
     *,
     target: str = "",
     modes: Sequence[str] | None = None,
     dtypes: Sequence[torch.dtype] | None = None,
     vary: Sequence[str] = (),
     reps: int = 20,
+    budget: float | None = None,
+    threads: int | None = None,
+    profile: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
-    """Examine `model` on `example_inputs` (already on their device) and return a `Report`."""
+    """Examine `model` called as `model(*args, **kwargs)` (inputs already on their device) and return a `Report`.
+
+    `budget` bounds the whole run in seconds, skipping the slowest compile modes first; `threads` pins CPU threads
+    (default: the cores no other work is using); `profile` adds where the time goes for eager and the pick."""
+    start = time.monotonic()
+    deadline = start + budget if budget else None
     say = progress or (lambda msg: None)
-    inputs = tuple(example_inputs)
-    device = inputs[0].device if inputs else torch.device("cpu")
+    example = Example.of(args, kwargs)
+    device = example.device
     gpu = device.type == "cuda"
+    model = unwrap_compiled(model)
+    is_module = isinstance(model, nn.Module)
+    if is_module:
+        model = model.eval()
     modes = tuple(modes or (GPU_MODES if gpu else CPU_MODES))
-    dtypes = tuple(dtypes or ((torch.float32, torch.bfloat16) if gpu else (torch.float32,)))
+    default_dtypes = (
+        (torch.float32, torch.bfloat16) if gpu and is_module else (example.floating_dtype() or torch.float32,)
+    )
+    dtypes = tuple(dtypes or default_dtypes)
     notes: list[str] = []
-    model = model.eval()
+    if not is_module:
+        notes.append("the model is a function: its weights cannot be cast, so a dtype applies to its inputs only")
+    if threads is None and not gpu:
+        threads, why = cpu_threads_available()
+    else:
+        why = "pinned by the caller" if threads else "GPU run: torch's default"
+    timing = {"threads": threads or torch.get_num_threads(), "threads_why": why, "rounds": cfg.ROUNDS}
+    timing["method"] = "cuda-events" if gpu else "cpu-clock"
 
-    say("lint: reading the model's source")
-    findings, note = _lint(model)
-    notes += [note] if note else []
+    with pinned_threads(threads), capture_output(stdout=True) as captured, dynamo.room_for_recompiles():
+        say("lint: reading the model's own code")
+        findings, lint_notes = lint_target(model)
+        notes += lint_notes
 
-    say("graph breaks: compiling with a recording backend")
-    with dynamo.room_for_recompiles():
-        rec, compiled = dynamo.capture_breaks(model, inputs)
-        say("recompiles: calling again" + (f", varying {', '.join(vary)}" if vary else ""))
-        variants = [("inputs", inputs)]
-        for kind in vary:
-            changed = vary_inputs(inputs, kind)
-            if changed is None:
-                notes.append(f"--vary {kind}: not applicable to inputs {', '.join(map(spec_of, inputs))}")
-            else:
-                variants.append((kind, changed))
-        recompiles = dynamo.capture_recompiles(compiled, variants)
+        say("graph breaks: compiling with a recording backend")
+        capture_s = time.monotonic()
+        # Breaks and recompiles are read in the inputs' dtype: a float32 model given bf16 inputs runs as bf16.
+        traced = _in_dtype(model, example.floating_dtype())
+        try:
+            rec, compiled = dynamo.capture_breaks(traced, example)
+            recompiles = []
+            say("recompiles: calling again" + (f", varying {', '.join(vary)}" if vary else ""))
+            recompiles = dynamo.capture_recompiles(compiled, _variants(example, vary, notes))
+        except Exception as e:  # Dynamo cannot trace it at all: that is the finding; eager is still measured
+            notes.append(f"Dynamo failed on this model: {env.first_line(e, 300)}")
+            rec, recompiles = dynamo.Recorder(), []
+        capture_s = time.monotonic() - capture_s
 
         with torch.no_grad():
-            ref = model(*_cast(inputs, torch.float32))
-        configs, skips = [], []
-        for dtype in dtypes:
-            for mode in modes:
-                say(f"measuring {mode} {_short(dtype)}")
-                configs.append(_run_config(model, inputs, ref, device, dtype, mode, reps, skips))
+            ref_model = cfg.build(model, "eager", torch.float32)
+            ref = example.cast(torch.float32).call(ref_model)
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        cands, skipped = cfg.plan(modes, dtypes, remaining, capture_s)
+        if skipped:
+            notes.append(f"--budget {budget:g} s: skipped {', '.join(skipped)} (slowest first)")
+
+        def prepare(c: cfg.Candidate) -> None:
+            say(f"{c.name}: {'first call' if c.mode == 'eager' else 'compiling'}")
+            with dynamo.cudagraph_skips() as skips:
+                cfg.prepare(c, model, example, ref, device)
+            cudagraph_skips.extend(f"{c.name}: {s}" for s in skips)
+
+        cudagraph_skips: list[str] = []
+        late = cfg.run_budgeted(cands, deadline, prepare)
+        if late:
+            notes.append(f"--budget {budget:g} s ran out before {', '.join(late)}")
+        say(f"timing {len(cands)} configuration(s) in {cfg.ROUNDS} interleaved rounds")
+        configs = cfg.measure_all(cands, device, reps)
+        noisy = [c.name for c in configs if c.noisy]
+        if noisy:
+            notes.append(
+                f"noisy timings (p80/p20 > {cfg.NOISY_P80_P20} or rounds spread > {cfg.NOISY_SPREAD:.0%}, measured"
+                f" twice): {', '.join(noisy)}; is the machine busy? No recommendation rests on their lead"
+            )
+        rec_ = cfg.recommend(configs, rec.graph_break_count)
+        breakdowns: list[Breakdown] = []
+        if profile and (deadline is None or time.monotonic() < deadline):
+            names = [c.name for c in configs if c.mode == "eager" and c.median_ms][:1]
+            names += [rec_.config] if rec_ and rec_.config not in names else []
+            say(f"where the time goes: profiling {', '.join(names)}")
+            breakdowns = _profile(cands, names, model, device, notes)
     if not gpu:
         notes.append("CPU run: reduce-overhead and max-autotune need CUDA graphs / GPU autotuning; run on a GPU")
     report = Report(
-        target=target or type(model).__name__,
+        target=target or getattr(model, "__qualname__", type(model).__name__),
         device=torch.cuda.get_device_name(device) if gpu else "cpu",
-        inputs=[spec_of(t) for t in inputs],
+        inputs=example.describe(),
         environment={"torch": torch.__version__, "triton": env.triton_version(), "python": sys.version.split()[0]},
         lint=findings,
         graph_count=len(rec.graphs),
-        graph_breaks=rec.breaks,
+        graph_breaks=dynamo.group_breaks(rec.breaks),
         recompiles=recompiles,
-        cudagraph_skips=skips,
+        cudagraph_skips=cudagraph_skips,
         configs=configs,
-        recommendation=recommend(configs),
+        recommendation=rec_,
         notes=notes,
+        breakdowns=breakdowns,
+        output=captured.summary(),
+        timing=timing,
     )
     return dataclasses.replace(report, checklist=build_checklist(report, vary, gpu))
+
+
+__all__ = ["CPU_MODES", "GPU_MODES", "VARY", "doctor", "recommend"]

@@ -9,6 +9,7 @@ CUDA-graph skips from Inductor's skip log, each captured around our own calls on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fullgraph.diagnose.inputs import Example
 from fullgraph.diagnose.report import GraphBreak, Recompile
 
 # Our fixes, by what the reason says. First match wins; the last entry is the fallback.
@@ -38,6 +40,11 @@ RECOMPILE_FIXES = (
     ("dtype mismatch", "cast the inputs to one dtype before calling the compiled model"),
     ("stride mismatch", "pass contiguous inputs (x.contiguous()) so strides stay the same between calls"),
     ("device mismatch", "keep the inputs on one device"),
+    (r"___check_obj_id|ID_MATCH|___check_type_id|TYPE_MATCH", "the graph was specialized on one Python object (a"
+     " function, module or closure) and this call passed another: create it once (in __init__) and reuse it, or"
+     " keep per-call objects out of forward"),
+    (r"___as_tensor|== \d+|EQUALS_MATCH|CONSTANT_MATCH", "a Python number or flag the graph depends on changed:"
+     " pass it as a tensor (torch.tensor(v)), or fix it in __init__"),
     ("", "a Python value the graph depends on changed: pass it as a tensor, or fix it in __init__"),
 )  # fmt: skip
 
@@ -61,15 +68,28 @@ def _registry() -> dict:
         return {}
 
 
+# Reasons Dynamo states without a registry link, by their first word, and the registry type they are.
+_REASON_TYPES = {"generic_jump": "Data-dependent branching"}
+# The reason Dynamo gives when it restarts after an unsupported instruction; torch's registry has no id for it.
+_STEP_UNSUPPORTED = ("step_unsupported", "Unsupported bytecode instruction (no registry id)")
+
+
 def _registry_entry(reason: str) -> tuple[str, str, str]:
-    """(gb id, gb type, first hint) for a break reason: by the id in torch's link, else by the type's text."""
+    """(gb id, gb type, hint) for a break reason: by the id in torch's link, else by the type's text.
+
+    The registry splits one hint over several items (GB0036 puts its config flag in the second): they are joined
+    back into one text."""
     first = reason.strip().splitlines()[0] if reason.strip() else ""
+    if first.startswith(_STEP_UNSUPPORTED[0]):
+        return "", _STEP_UNSUPPORTED[1], ""
     m = re.search(r"/gb/gb(\d+)\.html", reason)
     reg = _registry()
-    gb_id = f"GB{m.group(1)}" if m else next((k for k, v in reg.items() if v and v[0].get("Gb_type") == first), "")
+    gb_type = _REASON_TYPES.get(first.split(" ", 1)[0], first)
+    gb_id = f"GB{m.group(1)}" if m else next((k for k, v in reg.items() if v and v[0].get("Gb_type") == gb_type), "")
     entry = reg.get(gb_id, [{}])[0] if gb_id else {}
     hints = entry.get("Hints") or re.findall(r"Hint: (.*)", reason)
-    return gb_id, entry.get("Gb_type", first if gb_id else ""), (hints[0].strip() if hints else "")
+    hint = re.sub(r"\s+", " ", "".join(h if h.endswith(" ") else h + " " for h in hints)).strip()
+    return gb_id, entry.get("Gb_type", gb_type if gb_id else ""), hint
 
 
 def _break_from(reason_obj) -> GraphBreak:
@@ -122,14 +142,23 @@ def room_for_recompiles():
         yield
 
 
-def capture_breaks(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> tuple[Recorder, Callable]:
-    """Compile `model` with a `Recorder` and run it once on `inputs`; returns the recorder and the compiled model."""
+def capture_breaks(model: Callable, example: Example) -> tuple[Recorder, Callable]:
+    """Compile `model` with a `Recorder` and run it once on `example`; returns the recorder and the compiled model."""
     rec = Recorder()
     compiled = torch.compile(model, backend=rec)
     with torch.no_grad(), quiet_dynamo():
-        compiled(*inputs)
+        example.call(compiled)
     rec.recording = False
     return rec, compiled
+
+
+def group_breaks(breaks: Sequence[GraphBreak]) -> list[GraphBreak]:
+    """One entry per place and reason (a break inside a per-image loop is hit once per image), with its count."""
+    groups: dict[tuple, GraphBreak] = {}
+    for b in breaks:
+        key = (b.file, b.line, b.reason)
+        groups[key] = dataclasses.replace(groups[key], count=groups[key].count + 1) if key in groups else b
+    return list(groups.values())
 
 
 @contextlib.contextmanager
@@ -156,26 +185,47 @@ def _new_failures(before: dict) -> list[tuple]:
     return [(code, r) for code, v in guard_failures.items() for r in v[before.get(code, 0) :]]
 
 
-def capture_recompiles(compiled: Callable, variants: Sequence[tuple[str, Sequence[torch.Tensor]]]) -> list[Recompile]:
-    """Call `compiled` on each (trigger, inputs) in turn and report the guard failures each call caused."""
-    out: list[Recompile] = []
-    for trigger, inputs in variants:
+_RESUME = re.compile(r"torch_dynamo_resume_in_(?P<fn>\w+?)_at_(?P<line>\d+)$")
+
+
+def user_function_name(code_name: str) -> str:
+    """Dynamo names the code after a graph break `torch_dynamo_resume_in_forward_at_32`: say it as a user would."""
+    m = _RESUME.match(code_name)
+    return f"{m['fn']} (after the break at line {m['line']})" if m else code_name
+
+
+def capture_recompiles(compiled: Callable, variants: Sequence[tuple[str, Example]]) -> list[Recompile]:
+    """Call `compiled` on each (trigger, inputs) in turn and report the guard failures each call caused, one entry
+    per cause: a new batch size fails the guards of every fragment of a broken function once, which is one cause
+    with one fix, counted, and named after the user's function rather than Dynamo's resume functions."""
+    groups: dict[tuple[str, str], Recompile] = {}
+    for trigger, example in variants:
         before = _failures_snapshot()
         with torch.no_grad(), quiet_dynamo():
-            compiled(*inputs)
+            example.call(compiled)
         for code, reason in _new_failures(before):
             failure = str(reason).strip()
-            out.append(
-                Recompile(
-                    function=code.co_name,
+            fix = _first_match(RECOMPILE_FIXES, failure)
+            key = (trigger, fix)
+            if key in groups:
+                old = groups[key]
+                # Name the cause after the fragment the user wrote (the function's start), not a resumed one.
+                better = "after the break" in old.function and not _RESUME.match(code.co_name)
+                groups[key] = dataclasses.replace(
+                    old,
+                    count=old.count + 1,
+                    **(dict(function=code.co_name, line=code.co_firstlineno, guard_failure=failure) if better else {}),
+                )
+            else:
+                groups[key] = Recompile(
+                    function=user_function_name(code.co_name),
                     file=code.co_filename,
                     line=code.co_firstlineno,
                     trigger=trigger,
                     guard_failure=failure,
-                    fix=_first_match(RECOMPILE_FIXES, failure),
+                    fix=fix,
                 )
-            )
-    return out
+    return list(groups.values())
 
 
 class _Collect(logging.Handler):

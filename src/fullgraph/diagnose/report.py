@@ -43,6 +43,7 @@ class GraphBreak:
     gb_type: str  # the registry's short name for the break
     hint: str  # torch's hint, where the registry has one
     fix: str  # ours
+    count: int = 1  # times this place broke the graph in one call (a break in a per-image loop: once per image)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,28 @@
 """What the doctor examines: a TARGET (`package.module:callable` or `path/file.py:callable`) and input specs.
 
-The callable takes no arguments and returns a module, or a module and its example inputs (a tensor or a
-tuple of tensors). An input spec is `4x3x224x224:bf16` (dims, then a dtype; the dtype defaults to float32).
-Every failure raises a `FullgraphError` whose message is one line saying what to change.
+The callable takes no arguments and returns the model (an nn.Module or any callable, a `torch.compile`-decorated
+function included), `(model, args)` or `(model, args, kwargs)`; `args` is a tuple of arguments or one argument,
+each any structure of tensors and Python values (a list of images, a float). A TARGET that itself needs arguments
+(a function to examine, not a builder) or is an nn.Module instance is the model, and `--input` gives its inputs.
+An input spec is `4x3x224x224:bf16` (dims, then a dtype; the dtype defaults to float32), or `name=spec` for a
+keyword argument. Every failure raises a `FullgraphError` whose message is one line saying what to change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from fullgraph.diagnose.inputs import Example
 from fullgraph.env import first_line
 from fullgraph.errors import FullgraphError, UsageError
 
@@ -55,8 +62,15 @@ def make_input(spec: str, device: torch.device) -> torch.Tensor:
     return torch.randint(0, 1000, shape, dtype=dtype, device=device)
 
 
-def spec_of(t: torch.Tensor) -> str:
-    return "x".join(str(d) for d in t.shape) + ":" + str(t.dtype).removeprefix("torch.")
+@contextlib.contextmanager
+def _on_path(folder: str):
+    """`folder` first on sys.path while a target file imports, so it can import its siblings."""
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
 
 
 def _load_file(path: str):
@@ -66,7 +80,8 @@ def _load_file(path: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # so dataclasses and pickling inside the file can find it
-    spec.loader.exec_module(module)
+    with _on_path(os.path.dirname(os.path.abspath(path))):
+        spec.loader.exec_module(module)
     return module
 
 
@@ -87,25 +102,67 @@ def _import_callable(target: str):
     return fn
 
 
-def load_target(
-    target: str, input_specs: Sequence[str], device: torch.device
-) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Import TARGET, build the model on `device` in eval mode, and its example inputs."""
-    fn = _import_callable(target)
+def unwrap_compiled(obj: Any) -> Any:
+    """The original of a `torch.compile`d module or function: the doctor compiles it its own ways."""
+    obj = getattr(obj, "_orig_mod", obj)
+    return getattr(obj, "_torchdynamo_orig_callable", obj)
+
+
+def _needs_arguments(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _build(fn: Any, target: str) -> tuple[Any, Any, Any]:
+    """(model, args or None, kwargs or None) from what the TARGET names."""
+    if (
+        isinstance(fn, nn.Module)
+        or (callable(fn) and unwrap_compiled(fn) is not fn)
+        or (inspect.isfunction(fn) and _needs_arguments(fn))
+    ):
+        return unwrap_compiled(fn), None, None  # the model itself; --input gives its inputs
     try:
         built = fn()
     except Exception as e:
         raise FullgraphError(f"TARGET {target!r} raised while building the model: {first_line(e, 300)}") from e
-    model, inputs = built if isinstance(built, tuple) and len(built) == 2 else (built, None)
-    if not isinstance(model, nn.Module):
+    if isinstance(built, tuple) and len(built) in (2, 3) and callable(built[0]):
+        return unwrap_compiled(built[0]), built[1], (built[2] if len(built) == 3 else None)
+    return unwrap_compiled(built), None, None
+
+
+def inputs_from_specs(input_specs: Sequence[str], device: torch.device) -> Example:
+    """`--input 2x16:int64 --input attention_mask=2x16:int64`: positional specs in order, then `name=spec`."""
+    args, kwargs = [], {}
+    for spec in input_specs:
+        name, eq, rest = spec.partition("=")
+        if eq and not name.isidentifier():
+            raise UsageError(f"--input {spec!r}: a keyword input is name=spec, e.g. attention_mask=2x16:int64")
+        if eq:
+            kwargs[name] = make_input(rest, device)
+        elif kwargs:
+            raise UsageError(f"--input {spec!r}: positional inputs come before keyword (name=spec) inputs")
+        else:
+            args.append(make_input(spec, device))
+    return Example(tuple(args), kwargs)
+
+
+def load_target(target: str, input_specs: Sequence[str], device: torch.device) -> tuple[Any, Example]:
+    """Import TARGET, build the model on `device` (eval mode for a module), and its example inputs."""
+    fn = _import_callable(target)
+    model, args, kwargs = _build(fn, target)
+    if not callable(model):
         raise FullgraphError(
-            f"TARGET {target!r} returned {type(model).__name__}, not an nn.Module (or (module, inputs))"
+            f"TARGET {target!r} returned {type(model).__name__}, not an nn.Module or a callable (or (model, inputs))"
         )
     if input_specs:
-        inputs = tuple(make_input(s, device) for s in input_specs)
-    elif inputs is None:
+        example = inputs_from_specs(input_specs, device)
+    elif args is None and kwargs is None:
         raise UsageError(f"TARGET {target!r} returned no example inputs; pass --input, e.g. --input 1x3x224x224:fp32")
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    if not all(isinstance(t, torch.Tensor) for t in inputs):
-        raise FullgraphError(f"TARGET {target!r}: example inputs must be tensors")
-    return model.to(device).eval(), tuple(t.to(device) for t in inputs)
+    else:
+        example = Example.of(args if args is not None else (), kwargs)
+    if isinstance(model, nn.Module):
+        model = model.to(device).eval()
+    return model, example.to(device)

@@ -1,0 +1,231 @@
+"""The doctor's configurations (eager or a compile mode, in one dtype): built, compiled, checked against eager
+float32, then timed side by side in interleaved rounds, and one recommended.
+
+Interleaving matters on a machine that is not idle: a burst of other work lands on every configuration of a
+round instead of deciding one row. Each row keeps its spread, a row too noisy is measured again and then marked,
+and a recommendation never rests on a lead smaller than the measured spread.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fullgraph import env
+from fullgraph.diagnose.inputs import Example, flat_tensors
+from fullgraph.diagnose.report import ConfigResult, Recommendation
+from fullgraph.timing import first_call, measure, peak_memory
+
+GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+# CUDA graphs need a GPU, and CPU max-autotune spends minutes benchmarking GEMM templates on two cores.
+CPU_MODES = ("eager", "default")
+# Simplest first: a tie goes to the configuration a user has least reason to doubt.
+SIMPLICITY = {mode: i for i, mode in enumerate(GPU_MODES)}
+DTYPE_SIMPLICITY = {"fp32": 0, "bf16": 1, "fp16": 2}
+# ||out - ref|| / ||ref|| against eager float32, per dtype the configuration runs in.
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+TIE = 0.03  # rows within 3% of the fastest are a tie
+NOISY_P80_P20 = 1.3  # p80 / p20 over all timed calls of a row
+NOISY_SPREAD = 0.25  # (max - min) / median of the row's per-round medians
+ROUNDS = 5
+# Compile seconds of each mode relative to the default mode's, to skip the slowest first under --budget (the
+# ViT-B/16 anchors in DESIGN.md: default 8 s, reduce-overhead 7-12 s, max-autotune 120-138 s).
+COST = {"eager": 0.0, "default": 1.0, "reduce-overhead": 1.3, "max-autotune-no-cudagraphs": 12.0, "max-autotune": 15.0}
+
+
+def short_dtype(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def config_name(mode: str, dtype: torch.dtype) -> str:
+    return f"{'eager' if mode == 'eager' else 'compile ' + mode} {short_dtype(dtype)}"
+
+
+def rel_err(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| over every tensor of the outputs, in float64; inf when they do not line up."""
+    outs, refs = flat_tensors(out), flat_tensors(ref)
+    if len(outs) != len(refs) or not refs or any(o.shape != r.shape for o, r in zip(outs, refs, strict=True)):
+        return float("inf")
+    num = sum(((o.double() - r.double()).norm() ** 2).item() for o, r in zip(outs, refs, strict=True))
+    den = sum((r.double().norm() ** 2).item() for r in refs if r.is_floating_point() or r.is_complex())
+    if den == 0:  # integer outputs only (labels, indices): exact match or nothing
+        return 0.0 if num == 0 else float("inf")
+    err = (num / den) ** 0.5
+    return err if err == err else float("inf")  # NaN never passes
+
+
+@dataclass
+class Candidate:
+    """One configuration being measured: its callable, inputs and what was measured so far."""
+
+    mode: str
+    dtype: torch.dtype
+    fn: Callable[[], Any] | None = None
+    compile_s: float | None = None
+    peak: int | None = None
+    err: float | None = None
+    error: str | None = None
+    samples: list[float] = field(default_factory=list)
+    round_medians: list[float] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return config_name(self.mode, self.dtype)
+
+    def spread(self) -> float | None:
+        if len(self.round_medians) < 2:
+            return None
+        return (max(self.round_medians) - min(self.round_medians)) / statistics.median(self.round_medians)
+
+    def p(self, q: float) -> float:
+        s = sorted(self.samples)
+        return statistics.quantiles(s, n=100, method="inclusive")[round(q * 100) - 1] if len(s) > 1 else s[0]
+
+    def noisy(self) -> bool:
+        if not self.samples:
+            return False
+        return self.p(0.8) / self.p(0.2) > NOISY_P80_P20 or (self.spread() or 0.0) > NOISY_SPREAD
+
+    def result(self, noisy: bool) -> ConfigResult:
+        tol = TOLERANCE.get(self.dtype, 1e-3)
+        if self.error is not None or not self.samples:
+            return ConfigResult(self.name, self.mode, short_dtype(self.dtype), tolerance=tol, error=self.error)
+        return ConfigResult(
+            self.name, self.mode, short_dtype(self.dtype), statistics.median(self.samples), self.p(0.2), self.p(0.8),
+            compile_s=None if self.mode == "eager" else self.compile_s, peak_memory_bytes=self.peak,
+            rel_err=self.err, tolerance=tol, rounds=len(self.round_medians), spread=self.spread(), noisy=noisy,
+        )  # fmt: skip
+
+
+def build(model: Callable, mode: str, dtype: torch.dtype) -> Callable:
+    """The model in `dtype` (a copy: the user's model is never changed) and compiled with `mode` unless eager.
+
+    A plain function cannot be cast: it runs on inputs cast to `dtype` with whatever weights it closes over."""
+    m = copy.deepcopy(model).to(dtype).eval() if isinstance(model, nn.Module) else model
+    return m if mode == "eager" else torch.compile(m, mode=mode)
+
+
+def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: torch.device) -> None:
+    """Compile (the first call, timed), check numerics and peak memory; failures are recorded, not raised."""
+    try:
+        fn = build(model, c.mode, c.dtype)
+        x = example.cast(c.dtype)
+        with torch.no_grad():
+            c.compile_s, _ = first_call(lambda: x.call(fn), device)
+            c.err = rel_err(x.call(fn), ref)
+            c.peak = peak_memory(lambda: x.call(fn), device)
+        c.fn = lambda: x.call(fn)
+    except Exception as e:  # a mode that fails to compile or run is a result, not a crash of the doctor
+        c.error = env.first_line(e, 300)
+
+
+def time_rounds(cands: Sequence[Candidate], device: torch.device, reps: int, rounds: int = ROUNDS) -> None:
+    """Time every ready candidate in `rounds` interleaved rounds of about reps/rounds calls each, rotating the
+    order so no configuration always runs first after another's burst."""
+    ready = [c for c in cands if c.fn is not None and c.error is None]
+    per_round = max(1, -(-reps // rounds))
+    for r in range(rounds):
+        for c in ready[r % len(ready) :] + ready[: r % len(ready)] if ready else []:
+            if c.error is not None:
+                continue
+            try:
+                with torch.no_grad():
+                    t = measure(c.fn, device=device, warmup=1, reps=per_round)
+            except Exception as e:
+                c.error = env.first_line(e, 300)
+                continue
+            c.samples.extend(t.samples_ms)
+            c.round_medians.append(t.median_ms)
+
+
+def measure_all(cands: Sequence[Candidate], device: torch.device, reps: int) -> list[ConfigResult]:
+    """Interleaved rounds; rows found noisy are measured again (fresh rounds) and marked if still noisy."""
+    time_rounds(cands, device, reps)
+    again = [c for c in cands if c.noisy()]
+    for c in again:
+        c.samples, c.round_medians = [], []
+    if again:
+        time_rounds(again, device, reps)
+    return [c.result(noisy=c.noisy()) for c in cands]
+
+
+def _lead_within_noise(fast: ConfigResult, slow: ConfigResult) -> bool:
+    """True when `fast`'s lead over `slow` is no larger than what the two rows' own spreads allow."""
+    lead = slow.median_ms / fast.median_ms - 1
+    spreads = [s for s in (fast.spread, slow.spread) if s is not None]
+    return lead <= TIE or slow.p20_ms <= fast.p80_ms or (bool(spreads) and lead <= max(spreads)) or slow.noisy
+
+
+def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0) -> Recommendation | None:
+    """The fastest row within tolerance, or, when others are within 3% or within noise of it, the simplest of
+    them (eager < default < reduce-overhead < max-autotune; fp32 before bf16), named as a tie."""
+    ok = [c for c in configs if c.ok and c.median_ms]
+    if not ok:
+        return None
+    fastest = min(ok, key=lambda c: c.median_ms)
+    tied = [c for c in ok if c is not fastest and _lead_within_noise(fastest, c)]
+    pick = min([fastest, *tied], key=lambda c: (SIMPLICITY.get(c.mode, 9), DTYPE_SIMPLICITY.get(c.dtype, 9)))
+    tie = [c.name for c in [fastest, *tied] if c is not pick]
+    eager = [c for c in configs if c.mode == "eager" and c.median_ms]
+    base = next((c for c in eager if c.dtype == "fp32"), eager[0] if eager else None)
+    speedup = None
+    if base is not None and pick.mode != "eager" and not _lead_within_noise(pick, base):
+        speedup = base.median_ms / pick.median_ms
+    if tie:
+        reason = f"tie: {', '.join(tie)} within {TIE:.0%} or within noise of it; the simplest is recommended"
+    else:
+        reason = "the fastest configuration within tolerance, ahead of the rest by more than their spread"
+    return Recommendation(pick.name, speedup, _code(pick, graph_breaks), base.name if base else None, tie, reason)
+
+
+def _code(pick: ConfigResult, graph_breaks: int) -> str:
+    dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[pick.dtype]
+    cast = "" if pick.dtype == "fp32" else f"model = model.to({dtype})  # and cast floating inputs to {dtype}\n"
+    if pick.mode != "eager":
+        call = f'model = torch.compile(model, mode="{pick.mode}")\n'
+    elif graph_breaks:  # compiling did not pay as written: the breaks are the first thing to fix
+        call = f"# compiling did not beat eager mode as written: remove its {graph_breaks} graph break(s) first\n"
+    else:
+        call = "# compiling did not beat eager mode for this model at these inputs: run it eagerly\n"
+    return f"{cast}{call}with torch.no_grad():\n    y = model(*args, **kwargs)"
+
+
+def plan(
+    modes: Sequence[str], dtypes: Sequence[torch.dtype], budget_s: float | None, base_compile_s: float
+) -> tuple[list[Candidate], list[str]]:
+    """The candidates in order of expected compile cost, and those skipped under the budget (slowest first),
+    from the seconds a plain compile (Dynamo capture) took on this model."""
+    cands = sorted(
+        (Candidate(m, d) for d in dtypes for m in modes),
+        key=lambda c: (COST.get(c.mode, 1.0), list(dtypes).index(c.dtype)),
+    )
+    if budget_s is None:
+        return cands, []
+    kept, skipped, spent = [], [], 0.0
+    for c in cands:
+        cost = COST.get(c.mode, 1.0) * max(base_compile_s, 1.0) * 1.5 + 1.0  # compile, checks and timing
+        if c.mode != "eager" and spent + cost > budget_s:  # eager is the baseline every row is weighed against
+            skipped.append(f"{c.name} (about {cost:.0f} s)")
+            continue
+        kept.append(c)
+        spent += cost
+    return kept, skipped
+
+
+def run_budgeted(cands: Sequence[Candidate], deadline: float | None, step: Callable[[Candidate], None]) -> list[str]:
+    """Run `step` on each candidate until `deadline` (time.monotonic()); the rest are marked skipped."""
+    skipped = []
+    for c in cands:
+        if deadline is not None and time.monotonic() > deadline and c.mode != "eager":
+            c.error = "skipped: the --budget ran out"
+            skipped.append(c.name)
+            continue
+        step(c)
+    return skipped

@@ -1,0 +1,96 @@
+import itertools
+import math
+
+import torch
+
+from fullgraph.diagnose import configs as cfg
+from fullgraph.diagnose.report import ConfigResult
+
+
+def row(name, ms, err=0.0, tol=1e-3, mode="default", dtype="fp32", p20=None, p80=None, spread=0.01, noisy=False):
+    return ConfigResult(
+        name, mode, dtype, median_ms=ms, p20_ms=p20 or ms * 0.99, p80_ms=p80 or ms * 1.01, rel_err=err,
+        tolerance=tol, rounds=5, spread=spread, noisy=noisy,
+    )  # fmt: skip
+
+
+def test_recommendation_is_the_fastest_within_tolerance():
+    configs = [
+        row("eager fp32", 10.0, mode="eager"),
+        row("compile default fp32", 6.0, 1e-6),
+        row("compile max-autotune bf16", 2.0, 0.5, tol=4e-2, mode="max-autotune", dtype="bf16"),  # over tolerance
+        row("compile reduce-overhead bf16", 3.0, 1e-2, tol=4e-2, mode="reduce-overhead", dtype="bf16"),
+        ConfigResult("compile max-autotune fp32", "max-autotune", "fp32", error="RuntimeError: boom"),
+    ]
+    rec = cfg.recommend(configs)
+    assert rec.config == "compile reduce-overhead bf16" and rec.tie == []
+    assert math.isclose(rec.speedup, 10.0 / 3.0) and rec.versus == "3.33x eager fp32"
+    assert 'mode="reduce-overhead"' in rec.code and "torch.bfloat16" in rec.code
+    assert cfg.recommend([configs[2]]) is None
+
+
+def test_a_tie_goes_to_the_simplest_and_claims_no_win():
+    configs = [
+        row("eager fp32", 10.0, mode="eager"),
+        row("compile default fp32", 10.1),  # 1% slower: a tie with eager
+        row("compile max-autotune fp32", 9.9, mode="max-autotune"),  # 1% faster: still a tie
+    ]
+    rec = cfg.recommend(configs)
+    assert rec.config == "eager fp32" and set(rec.tie) == {"compile default fp32", "compile max-autotune fp32"}
+    assert rec.speedup is None and rec.versus == "" and "tie" in rec.reason
+    assert "did not beat eager" in rec.code and "graph break" not in rec.code
+    assert "remove its 3 graph break(s)" in cfg.recommend(configs, graph_breaks=3).code
+
+
+def test_a_lead_inside_the_spread_is_a_tie_and_outside_it_a_win():
+    wide = [
+        row("compile default fp32", 5.0, p20=4.0, p80=7.0, spread=0.3),
+        row("compile reduce-overhead fp32", 4.5, mode="reduce-overhead", p20=4.4, p80=4.6),  # 10% lead, inside p20-p80
+    ]
+    assert cfg.recommend(wide).config == "compile default fp32"
+    tight = [row("compile default fp32", 5.0), row("compile reduce-overhead fp32", 4.5, mode="reduce-overhead")]
+    assert cfg.recommend(tight).config == "compile reduce-overhead fp32"
+    noisy = [
+        row("compile default fp32", 5.0, noisy=True),
+        row("compile reduce-overhead fp32", 4.0, mode="reduce-overhead"),
+    ]
+    assert cfg.recommend(noisy).config == "compile default fp32"  # a noisy row is never beaten by its noise
+
+
+def test_noise_is_detected_from_samples_and_rounds():
+    steady = cfg.Candidate("eager", torch.float32, samples=[1.0, 1.01, 0.99, 1.0] * 5, round_medians=[1.0] * 5)
+    assert not steady.noisy() and steady.spread() == 0
+    tail = cfg.Candidate("eager", torch.float32, samples=[1.0] * 10 + [30.0] * 10, round_medians=[1.0] * 5)
+    assert tail.noisy()
+    drift = cfg.Candidate("eager", torch.float32, samples=[1.0] * 20, round_medians=[1.0, 1.0, 1.5, 1.0, 1.0])
+    assert drift.noisy() and math.isclose(drift.spread(), 0.5)
+
+
+def test_measure_all_interleaves_and_remeasures_noisy_rows():
+    calls = []
+    good = cfg.Candidate("eager", torch.float32, fn=lambda: calls.append("a"))
+    other = cfg.Candidate("default", torch.float32, fn=lambda: calls.append("b"))
+    results = cfg.measure_all([good, other], torch.device("cpu"), reps=10)
+    assert [r.rounds for r in results] == [cfg.ROUNDS, cfg.ROUNDS]
+    # interleaved: the two rows alternate in blocks rather than one finishing before the other starts
+    switches = sum(1 for x, y in itertools.pairwise(calls) if x != y)
+    assert switches >= cfg.ROUNDS
+
+
+def test_rel_err_never_passes_nan_or_a_mismatch():
+    ref = torch.randn(5)
+    assert cfg.rel_err(ref.clone(), ref) == 0
+    assert cfg.rel_err(torch.full((5,), float("nan")), ref) == float("inf")
+    assert cfg.rel_err((ref, ref), ref) == float("inf")
+    assert cfg.rel_err(torch.randn(4), ref) == float("inf")
+    labels = torch.tensor([1, 2, 3])
+    assert cfg.rel_err(labels.clone(), labels) == 0 and cfg.rel_err(labels + 1, labels) == float("inf")
+
+
+def test_budget_plan_skips_the_slowest_first():
+    modes = cfg.GPU_MODES
+    kept, skipped = cfg.plan(modes, (torch.float32,), budget_s=20.0, base_compile_s=2.0)
+    assert [c.mode for c in kept][:2] == ["eager", "default"]
+    assert skipped and all("max-autotune" in s for s in skipped)
+    kept, skipped = cfg.plan(modes, (torch.float32,), budget_s=None, base_compile_s=2.0)
+    assert len(kept) == len(modes) and skipped == []
