@@ -57,11 +57,12 @@ def module_name(path: str | os.PathLike) -> str | None:
 
 
 def _roots(forms: tuple[str, ...]) -> list[str]:
-    """The directories to try, in order: the current one, site-packages, the project's root."""
+    """The directories to try, in order: site-packages (a library file reads `transformers/...` even from a venv
+    inside the current directory), the current one, the project's root."""
     cwd = _cwd()
-    roots = [cwd] if cwd else []
     sites = {os.path.abspath(e) for e in sys.path if e and os.path.basename(os.path.normpath(e)) in SITE_DIRS}
-    roots += sorted(sites, key=len, reverse=True)  # a nested site-packages (a venv inside a venv) first
+    roots = sorted(sites, key=len, reverse=True)  # a nested site-packages (a venv inside a venv) first
+    roots += [cwd] if cwd else []
     roots += [r for r in (project_root(os.path.dirname(p)) for p in forms) if r is not None]
     return roots
 
