@@ -54,10 +54,8 @@ def add_parser(sub, name: str, help_text: str) -> None:
 
 
 def run(args) -> int:
-    from fullgraph._capture import capture_output, quiet_missing_numpy
-
-    with quiet_missing_numpy():  # torch's first import in this process
-        from fullgraph.bench.results import append_csv
+    from fullgraph._capture import capture_output
+    from fullgraph.bench.results import append_csv
 
     # The suites' warnings and library logs (Dynamo's, Inductor's, transformers') are counted, not shown between
     # our lines: one line per kind follows the table (or the error). Progress that a suite prints still shows.

@@ -94,10 +94,7 @@ def format_dispatch(d: dict) -> str:
 
 
 def run(args) -> int:
-    from fullgraph._capture import quiet_missing_numpy
-
-    with quiet_missing_numpy():  # torch's first import in this process
-        from fullgraph import env
+    from fullgraph import env
 
     report = env.collect(probe=not args.no_probe)
     dispatch = attention_dispatch(report.attention_device, report.attention)

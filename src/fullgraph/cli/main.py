@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from fullgraph._capture import quiet_missing_numpy
 from fullgraph._version import __version__
 from fullgraph.errors import FullgraphError
 
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        with quiet_missing_numpy():  # torch's first import warns when NumPy is absent, as on a base install
+            return int(args.run(args) or 0)
     except FullgraphError as e:
         if args.verbose:
             raise
