@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
-# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor overhead tune tune-attention grad-mode (default: env tests ceilings ops)
+# Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
+#   doctor-models overhead tune tune-attention grad-mode (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,17 @@ for step in $steps; do
     doctor)
       $py -m fullgraph doctor benchmarks/targets/vit.py:vit_b16 --input 1x3x224x224:fp32 ${DOCTOR_ARGS:-} \
         --html "$OUT/vit_doctor.html" --json "$OUT/vit_doctor.json" | tee "$OUT/vit_doctor.txt"
+      ;;
+    doctor-vit256)  # issue 11: the breakdown of ViT-B/16 at batch 256 bf16, and its flags
+      $py -m fullgraph doctor benchmarks/targets/vit.py:vit_b16 --input 256x3x224x224:bf16 --dtype bf16 \
+        --mode ${VIT_MODES:-eager,default,reduce-overhead} --budget ${VIT_BUDGET:-240} \
+        --html "$OUT/vit256_doctor.html" --json "$OUT/vit256_doctor.json" 2>&1 | tee "$OUT/vit256_doctor.txt" | tail -60
+      ;;
+    breakdown)
+      $py benchmarks/breakdown_check.py 2>&1 | tee "$OUT/breakdown_check.txt" | tail -30
+      ;;
+    doctor-models)
+      $py benchmarks/doctor_models.py 2>&1 | tee "$OUT/doctor_models.txt" | tail -40
       ;;
     overhead)
       $py benchmarks/eager_overhead.py | tee "$OUT/eager_overhead.txt"
