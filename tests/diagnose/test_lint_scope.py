@@ -63,16 +63,20 @@ TWO_MODELS = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def two(tmp_path, monkeypatch):
-    """TWO_MODELS imported from a file, as a user's model file is."""
-    path = tmp_path / "two_models.py"
-    path.write_text(TWO_MODELS)
-    spec = importlib.util.spec_from_file_location("two_models", path)
+def import_file(tmp_path, monkeypatch, name: str, text: str):
+    """`text` imported from a file, as a user's model file is."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "two_models", module)
+    monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def two(tmp_path, monkeypatch):
+    return import_file(tmp_path, monkeypatch, "two_models", TWO_MODELS)
 
 
 def line_of(code: str) -> int:
@@ -126,6 +130,18 @@ def test_unreadable_source_is_a_note_and_the_rest_is_still_linted(two):
     assert note.startswith("lint: made_by_exec.Gone: source not readable (")
     with pytest.raises(TypeError, match=r"nn\.Module or a function"):
         lint_target(3)
+
+
+def test_a_class_defined_in_both_branches_of_an_if_is_the_one_that_ran(tmp_path, monkeypatch):
+    """transformers' xLSTM does this (an external library's block, else its own); inspect names the first."""
+    text = (
+        "from torch import nn\n\nEXTERNAL = False\nif EXTERNAL:\n\n    class Block(nn.Module):\n"
+        "        def forward(self, x):\n            print(x)\n\nelse:\n\n    class Block(nn.Module):\n"
+        "        def forward(self, x):\n            return x.item()\n"
+    )
+    module = import_file(tmp_path, monkeypatch, "either", text)
+    findings, notes = lint_target(module.Block())
+    assert [(f.line, f.rule) for f in findings] == [(14, "FG002")] and notes == []
 
 
 @pytest.mark.parametrize("model", [*models.BROKEN, models.Clean], ids=lambda c: c.__name__)

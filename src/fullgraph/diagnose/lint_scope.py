@@ -30,30 +30,41 @@ Roots = list[tuple[ast.FunctionDef, ast.ClassDef | None, bool]]
 
 
 class _Files:
-    """Source files read and parsed once each; the roots to lint in each."""
+    """Source files read and parsed once each (inspect.getsource parses a class's whole file on every call); the
+    roots to lint in each."""
 
     def __init__(self):
-        self.trees: dict[str, tuple[str, ast.Module]] = {}
+        self.trees: dict[str, tuple[str, ast.Module, dict[str, list[ast.AST]]]] = {}
         self.roots: dict[str, Roots] = defaultdict(list)
         self.classes: dict[str, list[ast.ClassDef]] = defaultdict(list)
 
     def locate(self, obj) -> tuple[str, ast.Module, ast.FunctionDef | ast.ClassDef]:
-        """The file of a class or function, its tree, and the definition's node. OSError/TypeError if unreadable."""
-        _, start = inspect.getsourcelines(obj)  # OSError when the source is gone (python -c, exec, a deleted file)
-        path = inspect.getsourcefile(obj)
+        """The file of a class or function, its tree, and the definition's node, found by qualified name (and first
+        line where Python records it). OSError/TypeError when the source cannot be had (exec, python -c)."""
+        path = inspect.getsourcefile(obj)  # TypeError for built-in classes
+        if path is None:
+            raise OSError("no source file")
         if path not in self.trees:
             text = "".join(linecache.getlines(path, vars(inspect.getmodule(obj) or object())))
-            self.trees[path] = (text, S.parse(text, path))
-        kind = ast.ClassDef if inspect.isclass(obj) else (ast.FunctionDef, ast.AsyncFunctionDef)
-        for node in ast.walk(self.trees[path][1]):
-            if isinstance(node, kind) and node.name == obj.__name__ and S.first_line(node) == start:
-                return path, self.trees[path][1], node
-        raise OSError(f"no definition of {obj.__name__} at {path}:{start}")
+            tree = S.parse(text, path)
+            self.trees[path] = (text, tree, S.definitions(tree))
+        _, tree, defs = self.trees[path]
+        found = defs.get(obj.__qualname__, [])
+        start = getattr(obj, "__firstlineno__", None) or getattr(getattr(obj, "__code__", None), "co_firstlineno", None)
+        if start is not None:
+            found = [n for n in found if S.first_line(n) == start]
+        elif len(found) > 1:  # a class defined twice (in both branches of an if): the one holding its methods' code
+            code = [f.__code__ for f in vars(obj).values() if hasattr(f, "__code__")]
+            lines = [c.co_firstlineno for c in code if c.co_filename == path]
+            found = [n for n in found if any(n.lineno <= line <= n.end_lineno for line in lines)] or found
+        if not found:
+            raise OSError(f"no definition of {obj.__qualname__} in {path}")
+        return path, tree, found[0]
 
     def lint(self) -> list[Finding]:
         found = []
         for path, roots in self.roots.items():
-            text, tree = self.trees[path]
+            text, tree, _ = self.trees[path]
             found += lint_functions(text, path, tree, roots, self.classes[path])
         return sorted(found, key=lambda f: (f.path, f.line, f.col, f.rule))
 

@@ -140,6 +140,24 @@ def is_dict_pop(call: ast.Call) -> bool:
     return isinstance(f, ast.Attribute) and f.attr == "pop" and (len(args) == 2 or key)
 
 
+def definitions(tree: ast.Module) -> dict[str, list[ast.AST]]:
+    """Qualified name (as `__qualname__` spells it: `Outer.Inner`, `make.<locals>.Net`) -> the class and function
+    nodes defined under it, in source order."""
+    out: dict[str, list[ast.AST]] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.setdefault(prefix + child.name, []).append(child)
+                inner = "." if isinstance(child, ast.ClassDef) else ".<locals>."
+                visit(child, prefix + child.name + inner)
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return out
+
+
 def first_line(node: ast.FunctionDef | ast.ClassDef) -> int:
     """The line `inspect` starts a definition at: its first decorator's, else its own."""
     return min([node.lineno, *(d.lineno for d in node.decorator_list)])
