@@ -1,10 +1,12 @@
 import logging
+import os
 import sys
 import warnings
 
 import pytest
 import torch
 
+from fullgraph import _capture
 from fullgraph._capture import MESSAGE_CHARS, capture_output, quiet_missing_numpy
 
 
@@ -168,3 +170,11 @@ def test_quiet_missing_numpy_drops_only_that_warning():
             warnings.warn("Failed to initialize NumPy: No module named 'numpy'", UserWarning, stacklevel=1)
             warnings.warn("something else", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+def test_kineto_lines_on_descriptor_2_are_dropped_and_others_kept(capfd):
+    with _capture.quiet_profiler_lines():
+        os.write(2, b"USDT:2026 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real error from C++\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "a real error from C++" in err

@@ -16,6 +16,7 @@ import contextvars
 import functools
 import io
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -247,3 +248,40 @@ def _stream_into(cap: Captured, channel: str) -> Iterator[None]:
     finally:
         setattr(sys, channel, saved)
         stream.flush_partial()
+
+
+# Kineto (torch.profiler's C++ half) prints a line on profiler start and stop straight to file descriptor 2,
+# beneath Python's sys.stderr, on every profile; torch offers no switch for it (KINETO_LOG_LEVEL is not read for
+# these). They carry nothing for a user.
+KINETO_NOISE = ("SyncActivityProfilerHandler", "ActivityProfilerController", "CuptiActivityProfiler")
+
+
+@contextlib.contextmanager
+def quiet_profiler_lines() -> Iterator[None]:
+    """Drop Kineto's start/stop lines written to file descriptor 2 inside the block; every other line written
+    there (a real error from C++) is passed on when the block ends."""
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real descriptor 2 (an embedded interpreter): nothing to hold
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError, OSError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines() if not _kineto(ln)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr)
+
+
+def _kineto(line: str) -> bool:
+    return any(k in line for k in KINETO_NOISE) or not line.strip()

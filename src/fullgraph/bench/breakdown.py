@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fullgraph._capture import quiet_profiler_lines
 from fullgraph.bench.ceilings import ceilings_for, dtype_tag
 from fullgraph.errors import UsageError
 from fullgraph.timing import measure, resolve_device
@@ -379,7 +380,7 @@ def profile_breakdown(
     # no with_stack: its Python tracer keeps raw pointers to code objects, which can be freed before the events are
     # read (torch's UnicodeDecodeError in _parse_kineto_results, pytorch/pytorch#136040; seen here on torch 2.13)
     profile = torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True)
-    with profile as prof, torch.profiler.record_function(REGION):
+    with quiet_profiler_lines(), profile as prof, torch.profiler.record_function(REGION):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
