@@ -127,9 +127,9 @@ def doctor(
         traced = _in_dtype(model, example.floating_dtype())
         try:
             rec, compiled = dynamo.capture_breaks(traced, example)
-            recompiles = []
+            recompiles = dynamo.first_call_recompiles(rec)
             say("recompiles: calling again" + (f", varying {', '.join(vary)}" if vary else ""))
-            recompiles = dynamo.capture_recompiles(compiled, _variants(example, vary, notes))
+            recompiles += dynamo.capture_recompiles(compiled, _variants(example, vary, notes))
         except Exception as e:  # Dynamo cannot trace it at all: that is the finding; eager is still measured
             notes.append(f"Dynamo failed on this model: {env.first_line(e, 300)}")
             rec, recompiles = dynamo.Recorder(), []

@@ -12,10 +12,11 @@ import contextlib
 import dataclasses
 import functools
 import json
+import linecache
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +117,7 @@ class Recorder:
     graphs: list = field(default_factory=list)
     breaks: list[GraphBreak] = field(default_factory=list)
     recording: bool = True  # off after the first run: recompiles for new inputs are not new graph breaks
+    first_call_failures: list = field(default_factory=list)  # (code, guard failure) during the first call
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         if not self.recording:
@@ -142,13 +144,54 @@ def room_for_recompiles():
         yield
 
 
+# Dynamo's `graph_breaks` log (TORCH_LOGS="graph_breaks"): it also names breaks that leave no graph behind, such as
+# one inside a loop, after which Dynamo skips the whole frame and runs it eagerly.
+_BREAK_LOG = ("torch._dynamo.symbolic_convert.__graph_breaks",)
+_LOGGED = re.compile(
+    r"Graph break in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*)", re.S
+)
+_SKIPPED = "Skipping the function and falling back to eager"
+_IN_LOOP = "graph break in loop"
+
+
+def _break_from_log(message: str) -> GraphBreak | None:
+    """A break from Dynamo's log; for a skipped frame, the break that started it (the first one named)."""
+    m = _LOGGED.match(message)
+    if not m:
+        return None
+    file, line, text = m["file"], int(m["line"]), m["reason"]
+    first = text.split("Graph break encountered:", 1)[-1].strip() if _SKIPPED in text else text.strip()
+    gb_id, gb_type, hint = _registry_entry(first)
+    title = first.splitlines()[0] if first else ""
+    skipped = _SKIPPED in text
+    reason = f"{title}: Dynamo skipped the whole function and ran it eagerly" if skipped else title
+    fix = _first_match(BREAK_FIXES, first)
+    if skipped and _IN_LOOP in text:
+        fix += "; it breaks inside a loop, which makes Dynamo give up on the whole function: move it out of the loop"
+    return GraphBreak(
+        file=file, line=line, function="", source=linecache.getline(file, line).strip(), reason=reason,
+        gb_id=gb_id, gb_type=gb_type, hint=hint, fix=fix,
+    )  # fmt: skip
+
+
 def capture_breaks(model: Callable, example: Example) -> tuple[Recorder, Callable]:
-    """Compile `model` with a `Recorder` and run it once on `example`; returns the recorder and the compiled model."""
+    """Compile `model` with a `Recorder` and run it once on `example`; returns the recorder and the compiled model.
+
+    Breaks come from the graphs handed to the recorder and, for places that left no graph (a skipped frame), from
+    Dynamo's graph-break log; guard failures during this first call (a decoding loop whose cache grows each
+    step) are kept in `rec.first_call_failures` for `first_call_recompiles`."""
     rec = Recorder()
     compiled = torch.compile(model, backend=rec)
-    with torch.no_grad(), quiet_dynamo():
+    before = _failures_snapshot()
+    with torch.no_grad(), quiet_dynamo(), _collecting(_BREAK_LOG, propagate=False) as logged:
         example.call(compiled)
     rec.recording = False
+    rec.first_call_failures = _new_failures(before)
+    seen = {(os.path.abspath(b.file), b.line) for b in rec.breaks}
+    for b in filter(None, map(_break_from_log, logged)):
+        if (os.path.abspath(b.file), b.line) not in seen:
+            seen.add((os.path.abspath(b.file), b.line))
+            rec.breaks.append(b)
     return rec, compiled
 
 
@@ -203,29 +246,33 @@ def capture_recompiles(compiled: Callable, variants: Sequence[tuple[str, Example
         before = _failures_snapshot()
         with torch.no_grad(), quiet_dynamo():
             example.call(compiled)
-        for code, reason in _new_failures(before):
-            failure = str(reason).strip()
-            fix = _first_match(RECOMPILE_FIXES, failure)
-            key = (trigger, fix)
-            if key in groups:
-                old = groups[key]
-                # Name the cause after the fragment the user wrote (the function's start), not a resumed one.
-                better = "after the break" in old.function and not _RESUME.match(code.co_name)
-                groups[key] = dataclasses.replace(
-                    old,
-                    count=old.count + 1,
-                    **(dict(function=code.co_name, line=code.co_firstlineno, guard_failure=failure) if better else {}),
-                )
-            else:
-                groups[key] = Recompile(
-                    function=user_function_name(code.co_name),
-                    file=code.co_filename,
-                    line=code.co_firstlineno,
-                    trigger=trigger,
-                    guard_failure=failure,
-                    fix=fix,
-                )
+        _fold(groups, trigger, _new_failures(before))
     return list(groups.values())
+
+
+def first_call_recompiles(rec: Recorder) -> list[Recompile]:
+    """The recompiles inside the first call (trigger "first call"), one entry per cause."""
+    groups: dict[tuple[str, str], Recompile] = {}
+    _fold(groups, "first call", rec.first_call_failures)
+    return list(groups.values())
+
+
+def _fold(groups: dict[tuple[str, str], Recompile], trigger: str, failures: Sequence[tuple]) -> None:
+    for code, reason in failures:
+        failure = str(reason).strip()
+        fix = _first_match(RECOMPILE_FIXES, failure)
+        key = (trigger, fix)
+        if key not in groups:
+            groups[key] = Recompile(
+                function=user_function_name(code.co_name), file=code.co_filename, line=code.co_firstlineno,
+                trigger=trigger, guard_failure=failure, fix=fix,
+            )  # fmt: skip
+            continue
+        old = groups[key]
+        # Name the cause after the fragment the user wrote (the function's start), not a resumed one.
+        better = "after the break" in old.function and not _RESUME.match(code.co_name)
+        named = {"function": code.co_name, "line": code.co_firstlineno, "guard_failure": failure} if better else {}
+        groups[key] = dataclasses.replace(old, count=old.count + 1, **named)
 
 
 class _Collect(logging.Handler):
@@ -238,28 +285,40 @@ class _Collect(logging.Handler):
 
 
 @contextlib.contextmanager
+def _collecting(names: Sequence[str], propagate: bool = True) -> Iterator[list[str]]:
+    """Every message of the named loggers inside the block, at any level (torch's artifact loggers are off unless
+    TORCH_LOGS asks for them: they are switched on here and back after). Scoped."""
+    loggers = [logging.getLogger(n) for n in names]
+    handler = _Collect()
+    saved = [(lg.level, lg.disabled, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+        lg.disabled = False
+        lg.propagate = propagate and lg.propagate
+    try:
+        yield handler.messages
+    finally:
+        for lg, (level, disabled, prop) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.disabled = disabled
+            lg.propagate = prop
+
+
+@contextlib.contextmanager
 def cudagraph_skips():
     """Collect Inductor's CUDA-graph skip messages emitted inside the block (a list, filled on exit)."""
     from torch._dynamo.utils import counters
 
     names = ("torch._inductor.cudagraph_utils.__cudagraphs", "torch._inductor.cudagraph_utils")
-    loggers = [logging.getLogger(n) for n in names]
-    handler = _Collect()
-    saved = [(lg.level, lg.disabled) for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(handler)
-        lg.setLevel(logging.DEBUG)
-        lg.disabled = False
     before = counters["inductor"]["cudagraph_skips"]
     found: list[str] = []
     try:
-        yield found
+        with _collecting(names) as messages:
+            yield found
     finally:
-        for lg, (level, disabled) in zip(loggers, saved, strict=True):
-            lg.removeHandler(handler)
-            lg.setLevel(level)
-            lg.disabled = disabled
+        found.extend(dict.fromkeys(m for m in messages if "skip" in m.lower()))
         skips = counters["inductor"]["cudagraph_skips"] - before
-        found.extend(dict.fromkeys(m for m in handler.messages if "skip" in m.lower()))
         if skips > len(found):
             found.append(f"{skips - len(found)} more skip(s) counted by Inductor without a logged reason")
