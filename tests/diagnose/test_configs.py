@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 import math
 
@@ -55,6 +56,16 @@ def test_a_lead_inside_the_spread_is_a_tie_and_outside_it_a_win():
         row("compile reduce-overhead fp32", 4.0, mode="reduce-overhead"),
     ]
     assert cfg.recommend(noisy).config == "compile default fp32"  # a noisy row is never beaten by its noise
+
+
+def test_a_lead_must_hold_in_every_round():
+    steady = row("compile reduce-overhead fp32", 4.5, mode="reduce-overhead")
+    ahead = dataclasses.replace(steady, round_ms=[4.5, 4.4, 4.6, 4.5, 4.5])
+    base = dataclasses.replace(row("compile default fp32", 5.0), round_ms=[5.0, 5.1, 4.9, 5.0, 5.2])
+    assert cfg.recommend([base, ahead]).config == "compile reduce-overhead fp32"
+    lost = dataclasses.replace(ahead, round_ms=[4.5, 4.4, 5.3, 4.5, 4.5])  # slower than default in round 3
+    rec = cfg.recommend([base, lost])
+    assert rec.config == "compile default fp32" and rec.tie == ["compile reduce-overhead fp32"]
 
 
 def test_noise_is_detected_from_samples_and_rounds():

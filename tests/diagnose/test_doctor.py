@@ -103,11 +103,11 @@ def test_a_busy_core_never_yields_a_lead_inside_the_noise():
     """With a busy-loop on one core, the doctor recommends what it recommends unloaded or marks rows noisy; and a
     recommendation that is not a tie leads every other row by more than both rows' spread."""
     model, inputs = demo()
-    quiet = doc.doctor(model, inputs, reps=10, profile=False)
+    quiet = doc.doctor(model, inputs, reps=20, profile=False)
     assert not [c.name for c in quiet.configs if c.noisy], "unloaded, no row may be marked noisy"
     busy = subprocess.Popen([sys.executable, "-c", BUSY.format(s=120)])
     try:
-        loaded = doc.doctor(model, inputs, reps=10, profile=False)
+        loaded = doc.doctor(model, inputs, reps=20, profile=False)
     finally:
         busy.kill()
     noisy = [c.name for c in loaded.configs if c.noisy]

@@ -95,6 +95,9 @@ CLASSES = ("gemm", "attention", "elementwise", "copy", "other")
 # A flag names waste worth a change to the model: at least 1% of the summed kernel time (ViT-B/16 at batch 256:
 # its GELU pass was 12.8%, its NCHW->NHWC conversion 2.8%, its patch-embedding convolution 6.9%; DESIGN.md).
 FLAG_MIN_SHARE = 0.01
+# ...and at least 5 us per call: a model whose whole kernel time is 20 us has no waste worth a change (the GPU
+# idles: the launch-bound flag says what to do instead).
+FLAG_MIN_US = 5.0
 LAUNCH_BOUND_IDLE = 0.30  # launch-bound: the GPU ran nothing for more than 30% of the call
 TOP_N = 10
 TIMING_REPS = 20  # CUDA-event repetitions for call_ms, apart from the profiler
@@ -322,7 +325,7 @@ def find_flags(
     flags = []
 
     def add(kind: str, us: float, message: str) -> None:
-        if total > 0 and us / total >= FLAG_MIN_SHARE:
+        if total > 0 and us / total >= FLAG_MIN_SHARE and us / calls >= FLAG_MIN_US:
             ms = us / calls / 1e3
             share = f"{100 * us / total:.1f}% of kernel time"
             flags.append(Flag(kind, f"{message}: {ms:.3f} ms per call ({share})", ms, FIXES[kind]))

@@ -35,6 +35,7 @@ TIE = 0.03  # rows within 3% of the fastest are a tie
 NOISY_P80_P20 = 1.3  # p80 / p20 over all timed calls of a row
 NOISY_SPREAD = 0.25  # (max - min) / median of the row's per-round medians
 ROUNDS = 5
+MIN_PER_ROUND = 3  # calls timed per row per round: a round's median of fewer is one outlier away from noise
 # Compile seconds of each mode relative to the default mode's, to skip the slowest first under --budget (the
 # ViT-B/16 anchors in DESIGN.md: default 8 s, reduce-overhead 7-12 s, max-autotune 120-138 s).
 COST = {"eager": 0.0, "default": 1.0, "reduce-overhead": 1.3, "max-autotune-no-cudagraphs": 12.0, "max-autotune": 15.0}
@@ -101,6 +102,7 @@ class Candidate:
             self.name, self.mode, short_dtype(self.dtype), statistics.median(self.samples), self.p(0.2), self.p(0.8),
             compile_s=None if self.mode == "eager" else self.compile_s, peak_memory_bytes=self.peak,
             rel_err=self.err, tolerance=tol, rounds=len(self.round_medians), spread=self.spread(), noisy=noisy,
+            round_ms=list(self.round_medians),
         )  # fmt: skip
 
 
@@ -130,7 +132,7 @@ def time_rounds(cands: Sequence[Candidate], device: torch.device, reps: int, rou
     """Time every ready candidate in `rounds` interleaved rounds of about reps/rounds calls each, rotating the
     order so no configuration always runs first after another's burst."""
     ready = [c for c in cands if c.fn is not None and c.error is None]
-    per_round = max(1, -(-reps // rounds))
+    per_round = max(MIN_PER_ROUND, -(-reps // rounds))
     for r in range(rounds):
         for c in ready[r % len(ready) :] + ready[: r % len(ready)] if ready else []:
             if c.error is not None:
@@ -146,21 +148,24 @@ def time_rounds(cands: Sequence[Candidate], device: torch.device, reps: int, rou
 
 
 def measure_all(cands: Sequence[Candidate], device: torch.device, reps: int) -> list[ConfigResult]:
-    """Interleaved rounds; rows found noisy are measured again (fresh rounds) and marked if still noisy."""
+    """Interleaved rounds; when a row is noisy, every row is measured again (fresh rounds, so rows stay paired
+    round by round) and rows still noisy are marked."""
     time_rounds(cands, device, reps)
-    again = [c for c in cands if c.noisy()]
-    for c in again:
-        c.samples, c.round_medians = [], []
-    if again:
-        time_rounds(again, device, reps)
+    if any(c.noisy() for c in cands):
+        for c in cands:
+            c.samples, c.round_medians = [], []
+        time_rounds(cands, device, reps)
     return [c.result(noisy=c.noisy()) for c in cands]
 
 
 def _lead_within_noise(fast: ConfigResult, slow: ConfigResult) -> bool:
-    """True when `fast`'s lead over `slow` is no larger than what the two rows' own spreads allow."""
+    """True when `fast`'s lead over `slow` is not established: under 3%, inside the overlap of their p20-p80 ranges,
+    either row noisy, or `fast` not ahead in every round (rounds are interleaved, so a busy spell slows both rows
+    of a round: a lead that holds round by round is the machine's, not the moment's)."""
     lead = slow.median_ms / fast.median_ms - 1
-    spreads = [s for s in (fast.spread, slow.spread) if s is not None]
-    return lead <= TIE or slow.p20_ms <= fast.p80_ms or (bool(spreads) and lead <= max(spreads)) or slow.noisy
+    paired = len(fast.round_ms) == len(slow.round_ms) > 0
+    lost_a_round = paired and any(s <= f for f, s in zip(fast.round_ms, slow.round_ms, strict=True))
+    return lead <= TIE or slow.p20_ms <= fast.p80_ms or slow.noisy or fast.noisy or lost_a_round
 
 
 def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0) -> Recommendation | None:

@@ -8,6 +8,7 @@ example inputs are positional and keyword arguments of any structure (lists of i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -116,7 +117,10 @@ def doctor(
     timing = {"threads": threads or torch.get_num_threads(), "threads_why": why, "rounds": cfg.ROUNDS}
     timing["method"] = "cuda-events" if gpu else "cpu-clock"
 
-    with pinned_threads(threads), capture_output(stdout=True) as captured, dynamo.room_for_recompiles():
+    # The model's prints are counted, not shown; stderr stays free for a progress callback.
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(pinned_threads(threads))
+        captured = stack.enter_context(capture_output(stdout=True, stderr=False))
         say("lint: reading the model's own code")
         findings, lint_notes = lint_target(model)
         notes += lint_notes
@@ -138,6 +142,11 @@ def doctor(
         with torch.no_grad():
             ref_model = cfg.build(model, "eager", torch.float32)
             ref = example.cast(torch.float32).call(ref_model)
+        # Breaks and recompiles above ran under torch's own recompile limit, as explain and a user's torch.compile
+        # do (past it a function runs eagerly and its callees compile on their own, which changes the count). Every
+        # configuration below compiles the same code objects again: raise the limit for those, so none silently
+        # falls back to eager.
+        stack.enter_context(dynamo.room_for_recompiles())
         remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         cands, skipped = cfg.plan(modes, dtypes, remaining, capture_s)
         if skipped:

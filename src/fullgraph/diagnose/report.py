@@ -80,6 +80,7 @@ class ConfigResult:
     rounds: int = 0  # interleaved timing rounds this row took part in
     spread: float | None = None  # round-to-round spread of the median: (max - min) / median over the rounds
     noisy: bool = False  # p80/p20 or round-to-round spread too wide even after re-measuring
+    round_ms: list[float] = field(default_factory=list)  # median per interleaved round, in round order
 
     @property
     def ok(self) -> bool:
