@@ -33,7 +33,8 @@ from tests.diagnose.targets import exercise_2_5  # noqa: E402
 
 import fullgraph  # noqa: E402
 
-DEADLINE_S = float(os.environ.get("DOCTOR_MODELS_DEADLINE", 400))  # the whole run, explain and model building included, aims to end by then (8 min with overruns)
+# The whole run, explain and model building included, aims to end by then (8 min with overruns).
+DEADLINE_S = float(os.environ.get("DOCTOR_MODELS_DEADLINE", 400))
 BF16, FP32 = torch.bfloat16, torch.float32
 GPU_MODES = ("eager", "default", "reduce-overhead")
 
