@@ -41,7 +41,14 @@ RECOMPILE_FIXES = (
     ("dtype mismatch", "cast the inputs to one dtype before calling the compiled model"),
     ("stride mismatch", "pass contiguous inputs (x.contiguous()) so strides stay the same between calls"),
     ("device mismatch", "keep the inputs on one device"),
-    (r"___check_obj_id|ID_MATCH|___check_type_id|TYPE_MATCH", "the graph was specialized on one Python object (a"
+    ("rank mismatch", "an input's number of dims changed: give it one rank on every call (reshape or unsqueeze"
+     " the same way each time)"),
+    (r"size\[\d+\] ==", "the graph used a tensor size as a fixed number (a Python int taken from .shape, e.g. a"
+     " clamp bound or slice end) and the size changed: keep it a tensor op (no int(), no .item()), declare the dim"
+     " dynamic, or pad to a few fixed sizes"),
+    (r"___check_type_id|TYPE_MATCH", "a value changed type between calls (an int one call, a tensor or float the"
+     " next): give it one type"),
+    (r"___check_obj_id|ID_MATCH", "the graph was specialized on one Python object (a"
      " function, module or closure) and this call passed another: create it once (in __init__) and reuse it, or"
      " keep per-call objects out of forward"),
     (r"___as_tensor|== \d+|EQUALS_MATCH|CONSTANT_MATCH", "a Python number or flag the graph depends on changed:"
