@@ -105,3 +105,19 @@ def test_budget_plan_skips_the_slowest_first():
     assert skipped and all("max-autotune" in s for s in skipped)
     kept, skipped = cfg.plan(modes, (torch.float32,), budget_s=None, base_compile_s=2.0)
     assert len(kept) == len(modes) and skipped == []
+
+
+def test_a_prepared_row_runs_as_inference_whoever_calls_it():
+    # The profile of the recommended row once called it with grad enabled: the compiled row compiled again (and on
+    # the H200 a reduce-overhead row timed 36 ms instead of 1.8). The row's callable carries no_grad itself.
+    from torch._dynamo.utils import counters
+
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    c = cfg.Candidate("default", torch.float32)
+    cfg.prepare(c, model, cfg.Example.of(x), model(x).detach(), torch.device("cpu"))
+    assert c.error is None and c.err < 1e-5
+    frames = counters["frames"]["ok"]
+    assert torch.is_grad_enabled()
+    out = c.fn()
+    assert counters["frames"]["ok"] == frames and not out.requires_grad

@@ -123,7 +123,12 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
             c.compile_s, _ = first_call(lambda: x.call(fn), device)
             c.err = rel_err(x.call(fn), ref)
             c.peak = peak_memory(lambda: x.call(fn), device)
-        c.fn = lambda: x.call(fn)
+
+        def call() -> Any:  # inference, whoever calls it: under grad mode a compiled row would compile again
+            with torch.no_grad():
+                return x.call(fn)
+
+        c.fn = call
     except Exception as e:  # a mode that fails to compile or run is a result, not a crash of the doctor
         c.error = env.first_line(e, 300)
 
