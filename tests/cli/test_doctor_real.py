@@ -9,21 +9,13 @@ import torch
 
 from fullgraph.cli.main import main
 from fullgraph.diagnose.report import Report
+from tests.diagnose.real_models import fresh_dynamo, line_of  # noqa: F401 (a fixture)
 from tests.diagnose.targets import bert, exercise_2_5
 
 TARGETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "diagnose", "targets")
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def line_of(path: str, text: str) -> int:
-    with open(path, encoding="utf-8") as f:
-        return next(i for i, line in enumerate(f, 1) if text in line)
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def doctor(tmp_path, target: str, *args: str) -> tuple[int, Report | None]:

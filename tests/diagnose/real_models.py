@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import torch
 from torch import nn
 
@@ -147,3 +148,19 @@ def chatty():
 
 
 MODELS = {"bert": bert, "gpt2_greedy": gpt2_greedy, "detector": detector, "exercise_2_5": exercise, "chatty": chatty}
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo reset around a test that compares with torch._dynamo.explain (which resets it anyway)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def line_of(path: str, text: str) -> int:
+    """1-based number of the only line of `path` containing `text`."""
+    with open(path, encoding="utf-8") as f:
+        hits = [i for i, line in enumerate(f, 1) if text in line]
+    assert len(hits) == 1, f"{text!r} is on lines {hits} of {path}"
+    return hits[0]

@@ -14,6 +14,7 @@ import torch
 
 import fullgraph
 from tests.diagnose import real_models
+from tests.diagnose.real_models import fresh_dynamo, line_of  # noqa: F401 (a fixture)
 from tests.diagnose.targets import exercise_2_5
 
 # name -> doctor modes. The compile mode is the point only where a decorated function or printed output meets it.
@@ -28,19 +29,7 @@ MODES = {
 AT_LEAST = {"bert": 0, "gpt2_greedy": 1, "detector": 1, "exercise_2_5": 1, "chatty": 2}
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def line_of(path: str, text: str) -> int:
-    """1-based number of the only line of `path` containing `text`."""
-    with open(path, encoding="utf-8") as f:
-        hits = [i for i, line in enumerate(f, 1) if text in line]
-    assert len(hits) == 1, f"{text!r} is on lines {hits} of {path}"
-    return hits[0]
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def explain(fn, args, kwargs):
