@@ -65,3 +65,19 @@ def test_relative_path_in_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_atomic("plain.txt", "hello")
     assert (tmp_path / "plain.txt").read_text() == "hello"
+
+
+def test_a_fifo_or_device_is_written_into_not_replaced(tmp_path):
+    # `--json /dev/null` once replaced /dev/null with a regular file (renamed over it, as root). A FIFO stands in
+    # for the device here: written into, and still a FIFO after.
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    write_atomic(fifo, "report")
+    reader.join(timeout=10)
+    assert got == ["report"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary file left beside it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 
 # Exclusive creation refuses an existing name (a symlink planted there included); O_NOFOLLOW where the OS has it.
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -17,6 +18,10 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     temporary file with mode 0666 lets the kernel apply the umask, with no process-wide `os.umask` round trip.
     """
     path = os.fspath(path)
+    if _special(path):  # /dev/null, /dev/stdout, a FIFO: write into it; renaming over it would replace the device
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = _create_beside(folder, os.path.basename(path))
@@ -27,6 +32,15 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _special(path: str) -> bool:
+    """An existing path that is not a regular file (a device, a FIFO, a socket): a stream to write into."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _create_beside(folder: str, name: str) -> tuple[int, str]:

@@ -127,7 +127,7 @@ def _without_numpy(*args):
     return subprocess.run([sys.executable, "-c", NO_NUMPY, *args], capture_output=True, text=True, timeout=300)
 
 
-def test_a_base_install_without_numpy_prints_no_numpy_warning():
+def test_a_base_install_without_numpy_prints_no_numpy_warning(tmp_path):
     control = _without_numpy("import-torch")
     assert control.returncode == 0, control.stderr
     if "Failed to initialize NumPy" not in control.stderr:
@@ -138,4 +138,8 @@ def test_a_base_install_without_numpy_prints_no_numpy_warning():
     r = _without_numpy("bench", "ceilings", "--device", "cpu", "--copy-mib", "1", "--gemm-n", "32", "--reps", "2",
                        "--csv", os.devnull)  # fmt: skip
     assert r.returncode == 0 and "TB/s" in r.stdout, r.stderr
+    assert "NumPy" not in r.stderr, r.stderr
+    r = _without_numpy("doctor", "--mode", "eager", "--no-profile", "--json", str(tmp_path / "r.json"), "--html",
+                       str(tmp_path / "r.html"))  # fmt: skip
+    assert r.returncode == 0 and "recommendation" in r.stdout, r.stderr
     assert "NumPy" not in r.stderr, r.stderr
