@@ -54,11 +54,11 @@ def _profile(
     for c in (c for c in cands if c.name in names and c.fn is not None and c.error is None):
         try:
             ceilings = ceilings_for(device, c.dtype)
+            module = model if isinstance(model, nn.Module) else None
+            graphs = c.mode in ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
             bd = profile_breakdown(
-                c.fn, device=device, label=c.name, ceilings=ceilings, dtype=c.dtype,
-                model=model if isinstance(model, nn.Module) else None, cuda_graphs="reduce-overhead" in c.mode
-                or c.mode == "max-autotune",
-            )  # fmt: skip
+                c.fn, device=device, label=c.name, ceilings=ceilings, dtype=c.dtype, model=module, cuda_graphs=graphs
+            )
             out.append(bd)
         except Exception as e:  # the breakdown is advice; its failure must not cost the report
             notes.append(f"breakdown of {c.name}: {env.first_line(e, 200)}")
