@@ -19,11 +19,11 @@ def doctor_cli(cwd, *args, timeout=300):
 
 
 def test_no_arguments_runs_the_demo_and_writes_both_reports(tmp_path):
-    # The 90 s bound is for a 2-core CPU machine; on a GPU machine the bare command times every GPU mode
+    # The 60 s bound (issue 11) is for a 2-core CPU machine; on a GPU machine the bare command times every GPU mode
     # (max-autotune included), so there the same demo is held to the bound on the CPU.
     r, seconds = doctor_cli(tmp_path, *(["--device", "cpu"] if torch.cuda.is_available() else []))
     assert r.returncode == 0, r.stderr
-    assert seconds <= 90, f"the demo took {seconds:.0f} s"
+    assert seconds <= 60, f"the demo took {seconds:.0f} s"
     report = Report.from_json((tmp_path / "fullgraph_report.json").read_text())
     assert report.graph_break_count == 2 and report.recompiles and report.recommendation
     html = (tmp_path / "fullgraph_report.html").read_text()
