@@ -1,6 +1,6 @@
 import pytest
 
-from fullgraph.bench.kernel_classes import classify, is_layout_conversion, is_pointwise
+from fullgraph.bench.kernel_classes import classify, is_layout_conversion, is_pointwise, short_name
 
 KERNELS = {
     "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN": "gemm",
@@ -72,3 +72,18 @@ def test_pointwise_and_layout_kernels():
     assert is_layout_conversion("triton_poi_fused_clone_3", "copy")
     assert not is_layout_conversion("triton_poi_fused__to_copy_0", "copy")  # a cast, not a layout change
     assert not is_layout_conversion("Memcpy DtoD (Device -> Device)", "copy")
+
+
+@pytest.mark.parametrize(
+    ("name", "short"),
+    [
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::Op<2u>, "
+         "unsigned int, 3, 64, 64>(at::native::(anonymous namespace)::Op<2u>*, unsigned int)", "CatArrayBatchedCopy"),
+        ("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, float>(params, float const*)",
+         "nchwToNhwcKernel"),
+        ("triton_poi_fused_gelu_view_2", "triton_poi_fused_gelu_view_2"),
+        ("Memset (Device)", "Memset"),
+    ],
+)  # fmt: skip
+def test_short_names_drop_templates_namespaces_and_parameters(name, short):
+    assert short_name(name) == short

@@ -27,6 +27,7 @@ from fullgraph.bench.ceilings import ceilings_for, dtype_tag
 from fullgraph.bench.kernel_classes import (
     is_layout_conversion,
     is_pointwise,
+    short_name,
 )
 from fullgraph.bench.profile_events import REGION, Events, Launch
 from fullgraph.errors import UsageError
@@ -195,7 +196,7 @@ def _steps(launches: Sequence[Launch]) -> list[tuple[str, bool, float, Launch]]:
 
 def _short(x: Launch) -> str:
     """A kernel's name without its template arguments, with its op where the name alone says little."""
-    base = x.name.removeprefix("void ").split("<")[0].split("(")[0].split("::")[-1]
+    base = short_name(x.name)
     return f"{base} ({x.source})" if base != x.name and x.source else base[:60]
 
 

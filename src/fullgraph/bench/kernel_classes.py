@@ -98,3 +98,10 @@ def is_layout_conversion(name: str, cls: str) -> bool:
     if found and cls == "copy":
         return bool(re.search("clone|permute|transpose", found[1]))
     return cls == "copy" and bool(_LAYOUT.search(name))
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without `void`, namespaces, template arguments and parameters, for a table:
+    `void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>(...)` -> `CatArrayBatchedCopy`."""
+    base = name.removeprefix("void ").replace("(anonymous namespace)::", "").split("<")[0].split("(")[0]
+    return base.split("::")[-1].strip() or name

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from fullgraph._paths import display_path
 from fullgraph.bench.breakdown import Breakdown
+from fullgraph.bench.kernel_classes import short_name
 from fullgraph.bench.table import new_table, to_text
 from fullgraph.diagnose.report import ConfigResult, Report
 
@@ -218,7 +219,7 @@ def _breakdown(b: Breakdown) -> Iterator[RenderableType]:
     if b.top:
         table = new_table([f"top {unit}", "class", "ms", "launches", "source"], [False, False, True, True, False])
         for k in b.top:
-            table.add_row(Text(k.name), Text(k.cls), f"{k.ms:.3g}", str(k.calls), Text(k.source or _DASH))
+            table.add_row(Text(short_name(k.name)), Text(k.cls), f"{k.ms:.3g}", str(k.calls), Text(k.source or _DASH))
         yield table
     if b.flags:
         table = new_table(["flag", "ms", "what", "fix"], [False, True, False, False])
