@@ -29,6 +29,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the decoding loop and exercise 2.5 live with the doctor's CPU tests
 
+from tests.diagnose import real_models  # noqa: E402
 from tests.diagnose.real_models import GreedyDecoder  # noqa: E402
 from tests.diagnose.targets import exercise_2_5  # noqa: E402
 
@@ -94,6 +95,19 @@ def exercise():
     return exercise_2_5.process, (x.cuda(), threshold), {}
 
 
+def test_model(builder):
+    """One of the doctor's CPU test models (tests/diagnose/real_models.py), on the GPU: the acceptance runs the
+    detection-style model and the tiny BERT with keyword inputs on both machines."""
+
+    def build():
+        model, args, kwargs = builder()
+        to = lambda v: v.cuda() if isinstance(v, torch.Tensor) else v  # noqa: E731
+        args = tuple([to(a) for a in v] if isinstance(v, list) else to(v) for v in args)
+        return model.cuda(), args, {k: to(v) for k, v in kwargs.items()}
+
+    return build
+
+
 CASES = [
     Case("vit_base_patch16_224", timm_model("vit_base_patch16_224", 256), GPU_MODES, (BF16,), 75),
     Case("resnet50", timm_model("resnet50", 128), GPU_MODES, (BF16,), 50),
@@ -102,6 +116,8 @@ CASES = [
     Case("fasterrcnn_resnet50_fpn", rcnn("fasterrcnn_resnet50_fpn"), ("eager", "default"), (FP32,), 70),
     Case("maskrcnn_resnet50_fpn", rcnn("maskrcnn_resnet50_fpn"), ("eager", "default"), (FP32,), 70),
     Case("exercise_2_5", exercise, GPU_MODES, (FP32,), 25),
+    Case("test_detector", test_model(real_models.detector), ("eager", "default"), (FP32,), 20),
+    Case("test_bert_tiny", test_model(real_models.bert), ("eager", "default"), (FP32,), 20),
 ]
 
 
