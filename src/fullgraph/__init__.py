@@ -6,8 +6,9 @@ from fullgraph.errors import FullgraphError, UsageError
 __all__ = ["FullgraphError", "UsageError", "__version__", "doctor"]
 
 
-def doctor(model, example_inputs, **kwargs):
-    """Examine a model: graph breaks, recompiles, every compile mode timed; see fullgraph.diagnose.doctor."""
+def doctor(model, args=(), kwargs=None, **options):
+    """Examine `model(*args, **kwargs)`: graph breaks, recompiles, every compile mode timed, where the time goes;
+    see fullgraph.diagnose.doctor.doctor for the options."""
     from fullgraph.diagnose.doctor import doctor as run
 
-    return run(model, example_inputs, **kwargs)
+    return run(model, args, kwargs, **options)

@@ -1,0 +1,152 @@
+"""A preset and a user's overrides, validated against the installed torch and merged into one set of compile
+arguments, before anything compiles.
+
+- Inductor options are checked against `torch._inductor.list_options()`, with close matches for a typo
+  (`freeze` -> `freezing`); a mode expands through `torch._inductor.list_mode_options`, so edge's max-autotune,
+  freezing and C++ wrapper combine with the user's options into one dict.
+- A user's option overrides the preset's; an option that contradicts the mode's own expansion
+  (`mode="reduce-overhead"` with `triton.cudagraphs=False`) is an error naming both.
+- A backend must be registered here (`torch._dynamo.list_backends(exclude_tags=())`); the ones users reach for that
+  are not are refused with what to install. Options for a backend other than Inductor are refused (torch would
+  ignore them silently).
+- Dynamo values (the recompile limit) are checked against `torch._dynamo.config`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fullgraph.compile.presets import MODES, Preset, get_preset
+from fullgraph.errors import UsageError
+
+# Backends users ask for that this torch may not register, and what brings them (DESIGN.md, erratum 6).
+NOT_REGISTERED = {
+    "onnxrt": "torch's onnxrt backend is a commented-out placeholder since 2.13 (installing onnxruntime does not "
+    "bring it back); export with torch.onnx.export instead",
+    "tensorrt": "it is registered by torch-tensorrt: pip install torch-tensorrt",
+    "torch_tensorrt": "it is registered by torch-tensorrt: pip install torch-tensorrt",
+    "ipex": "it is registered by Intel's extension: pip install intel-extension-for-pytorch",
+}
+# Dynamo renamed cache_size_limit to recompile_limit (torch 2.6); presets say the new name.
+DYNAMO_ALIASES = {"recompile_limit": "cache_size_limit"}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Everything `torch.compile` and the per-call config scope need, already validated."""
+
+    preset: str
+    backend: str
+    mode: str | None
+    fullgraph: bool
+    dynamic: bool | None
+    options: dict[str, Any] = field(default_factory=dict)  # Inductor options, the mode's expansion included
+    dynamo: dict[str, Any] = field(default_factory=dict)  # Dynamo config applied around this model's calls
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """Arguments for torch.compile. The mode travels as its expanded options (torch refuses mode and options
+        together), so `options` is the single source of what Inductor was told."""
+        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        if self.backend == "inductor":
+            kwargs["options"] = dict(self.options)
+        return kwargs
+
+
+@functools.cache
+def inductor_options() -> frozenset[str]:
+    import torch._inductor
+
+    return frozenset(torch._inductor.list_options())
+
+
+def mode_options(mode: str | None) -> dict[str, Any]:
+    import torch._inductor
+
+    return dict(torch._inductor.list_mode_options(mode)) if mode and mode != "default" else {}
+
+
+def registered_backends() -> list[str]:
+    return list(torch._dynamo.list_backends(exclude_tags=()))
+
+
+def _suggest(name: str, known: list[str] | frozenset[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def check_backend(backend: str) -> None:
+    known = registered_backends()
+    if backend in known:
+        return
+    if backend in NOT_REGISTERED:
+        raise UsageError(f"backend {backend!r} cannot run here: {NOT_REGISTERED[backend]}")
+    raise UsageError(f"backend {backend!r} is not registered in this torch{_suggest(backend, known)} (known: "
+                     f"{', '.join(sorted(known))})")  # fmt: skip
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    known = inductor_options()
+    for key in options:
+        if key not in known:
+            raise UsageError(f"Inductor has no option {key!r}{_suggest(key, known)}")
+
+
+def dynamo_config_name(key: str) -> str:
+    """The name this torch's Dynamo config uses for `key` (recompile_limit was cache_size_limit before 2.6)."""
+    cfg = torch._dynamo.config
+    if hasattr(cfg, key):
+        return key
+    alias = DYNAMO_ALIASES.get(key)
+    if alias and hasattr(cfg, alias):
+        return alias
+    known = [k for k in dir(cfg) if not k.startswith("_")]
+    raise UsageError(f"Dynamo has no config {key!r}{_suggest(key, known)}")
+
+
+def resolve(
+    preset: str | Preset = "dev",
+    *,
+    mode: str | None = None,
+    backend: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    dynamo: Mapping[str, Any] | None = None,
+    fullgraph: bool | None = None,
+    dynamic: bool | str | None = "preset",
+) -> Resolved:
+    """The preset with the user's overrides, validated; raises a one-line UsageError before anything compiles.
+
+    `dynamic` keeps the preset's unless given (None is a value: automatic dynamic)."""
+    p = get_preset(preset)
+    backend = backend or p.backend
+    check_backend(backend)
+    user = dict(options or {})
+    if backend != "inductor":
+        if mode not in (None, "default"):
+            raise UsageError(f"mode={mode!r} applies to the inductor backend only, not {backend!r}")
+        if user:
+            raise UsageError(f"options apply to the inductor backend only; {backend!r} would ignore {sorted(user)}")
+        mode = None
+    else:
+        mode = mode or p.mode or "default"
+        if mode not in MODES:
+            raise UsageError(f"unknown mode {mode!r}{_suggest(mode, list(MODES))}; choose one of {', '.join(MODES)}")
+    check_options(user)
+    expanded = mode_options(mode)
+    for key, value in user.items():
+        if key in expanded and expanded[key] != value:
+            raise UsageError(f"option {key}={value!r} contradicts mode={mode!r}, which sets {key}={expanded[key]!r}; "
+                             "drop one of them")  # fmt: skip
+    merged = {**expanded, **(dict(p.options) if backend == "inductor" else {}), **user}
+    check_options(merged)
+    cfg = {**dict(p.dynamo), **dict(dynamo or {})}
+    dyn = {dynamo_config_name(k): v for k, v in cfg.items()}
+    return Resolved(
+        preset=p.name, backend=backend, mode=mode, fullgraph=p.fullgraph if fullgraph is None else fullgraph,
+        dynamic=p.dynamic if dynamic == "preset" else dynamic, options=merged, dynamo=dyn,
+    )  # fmt: skip
