@@ -117,10 +117,11 @@ def test_bucketed_rejects_an_output_that_is_not_batch_aligned():
         Bucketed(TwoHeads(), buckets=(8,), batch_outputs=["output[0]"])(torch.randn(5, 8))
 
 
-def test_bucketed_mask_keeps_padding_out_of_attention():
+def test_bucketed_mask_keeps_padding_out_of_attention(graphs):
     """Bucketing the token dim: with mask_arg the padded keys are masked, so real tokens match the unpadded run."""
     model = MaskedAttention().eval()
-    b = Bucketed(model, dim=1, buckets=(4, 8, 16), mask_arg="attention_mask")
+    compiled = torch.compile(model, backend=graphs, dynamic=False)
+    b = Bucketed(compiled, dim=1, buckets=(4, 8, 16), mask_arg="attention_mask")
     with torch.no_grad():
         for n in (5, 11, 3, 16):
             x = torch.randn(2, n, 8)
@@ -128,6 +129,7 @@ def test_bucketed_mask_keeps_padding_out_of_attention():
             mask = (torch.rand(2, n) > 0.3).long()
             mask[:, 0] = 1  # every query keeps one key
             torch.testing.assert_close(b(x, mask), model(x, mask))
+    assert len(graphs.seen) == 3  # buckets 4, 8 and 16; the padding check compiled nothing
 
 
 def test_bucketed_padding_check_names_the_leaking_output():
@@ -164,8 +166,10 @@ def test_bucketed_bad_arguments():
         Bucketed(mlp())(torch.randn(40, 8))
     with pytest.raises(UsageError, match=r"dim -1 must be an int >= 0"):
         Bucketed(mlp(), dim=-1)
-    with pytest.raises(UsageError, match=r"mask_arg 'mask' is not an argument of the model; arguments: input"):
+    with pytest.raises(UsageError, match=r"'mask' is not an argument of the model; arguments: input"):
         Bucketed(mlp(), mask_arg="mask")
+    with pytest.raises(UsageError, match=r"'x' is not an argument of the model; arguments: input"):
+        Bucketed(mlp(), batch_args=["x[0]"])
     with pytest.raises(UsageError, match=r"no batch-carrying tensor input has dim 2"):
         Bucketed(mlp(), dim=2)(torch.randn(3, 8))
     with pytest.raises(UsageError, match=r"from_range: min 4 > max 2"):
@@ -193,8 +197,8 @@ def test_declared_range_from_one_compiles_size_one_apart(graphs):
         x = torch.randn(n, 8)
         notes = declare_dynamic(compiled, (x,), {}, {"input": {0: (1, 32)}})
         assert notes == [
-            "input dim 0: range (1, 32) starts below 2; Dynamo specializes sizes 0 and 1, "
-            "so each of 1 compiles its own graph"
+            "input dim 0: range (1, 32) includes size 1, which Dynamo specializes: "
+            "one graph each, beside the one for sizes 2..32"
         ]
         torch.testing.assert_close(compiled(x), model(x))
     assert len(graphs.seen) == 2
@@ -240,3 +244,20 @@ def test_declare_dynamic_bad_specs(spec, message):
     with pytest.raises(UsageError, match=message):
         declare_dynamic(fn, ([x],), {"batch": {"x": torch.randn(3), "n": 3}}, spec)
     assert not getattr(x, "_dynamo_dynamic_indices", None)  # validation runs before anything is marked
+
+
+@pytest.mark.parametrize(
+    ("size_range", "note"),
+    [
+        ((0, 4), "includes sizes 0 and 1, which Dynamo specializes: one graph each, beside the one for sizes 2..4"),
+        ((1, 2), "includes size 1, which Dynamo specializes: one graph each, beside the one for size 2"),
+        ((1, 1), "includes size 1, which Dynamo specializes: one graph each"),
+        ((2, 4), None),
+    ],
+)
+def test_declare_dynamic_notes_and_what_it_marks(size_range, note):
+    x = torch.randn(min(size_range[1], 2), 3)
+    notes = declare_dynamic(lambda x: x, (x,), None, {"x": {0: size_range}})
+    assert notes == ([f"x dim 0: range {size_range} {note}"] if note else [])
+    marked = bool(getattr(x, "_dynamo_dynamic_indices", None))
+    assert marked == (size_range[1] > 2)  # sizes 0 and 1 and a single size 2 stay static

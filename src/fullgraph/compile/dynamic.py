@@ -166,9 +166,11 @@ def declare_dynamic(
             if not lo <= size <= hi:
                 raise UsageError(f"{path} dim {dim} has size {size}, outside its declared range ({lo}, {hi})")
             if lo < 2:
+                special = [str(v) for v in (0, 1) if lo <= v <= hi]
+                rest = "" if hi < 2 else ", beside the one for " + ("size 2" if hi == 2 else f"sizes 2..{hi}")
                 notes.append(
-                    f"{path} dim {dim}: range ({lo}, {hi}) starts below 2; Dynamo specializes sizes 0 and 1, "
-                    f"so each of {', '.join(map(str, range(lo, min(hi, 1) + 1)))} compiles its own graph"
+                    f"{path} dim {dim}: range ({lo}, {hi}) includes size{'s' * (len(special) > 1)} "
+                    f"{' and '.join(special)}, which Dynamo specializes: one graph each{rest}"
                 )
             if size >= 2 and max(lo, 2) < hi:
                 marks.append((t, dim % t.ndim, max(lo, 2), hi))
@@ -193,6 +195,7 @@ def check_buckets(buckets: object) -> tuple[int, ...]:
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
+    """Equal up to rounding (relative to the output's scale): a leak through padding is far larger than that."""
     if not a.is_floating_point():
         return torch.equal(a, b), float("nan")
     diff = (a - b).abs().max().item() if a.numel() else 0.0
@@ -252,8 +255,9 @@ class Bucketed(torch.nn.Module):
         self._sig = _signature(model)
         params = self._sig.parameters
         takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        if mask_arg is not None and mask_arg not in params and not takes_kwargs:
-            raise UsageError(f"mask_arg {mask_arg!r} is not an argument of the model; arguments: {', '.join(params)}")
+        for name in {mask_arg, *map(_root, self.batch_args or ())} - {None}:
+            if name not in params and not takes_kwargs:
+                raise UsageError(f"{name!r} is not an argument of the model; arguments: {', '.join(params)}")
         self.mask_arg = mask_arg
         self._padding_checked = not check_padding
 
