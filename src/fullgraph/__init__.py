@@ -3,7 +3,17 @@
 from fullgraph._version import __version__
 from fullgraph.errors import FullgraphError, UsageError
 
-__all__ = ["FullgraphError", "UsageError", "__version__", "doctor"]
+__all__ = ["FullgraphError", "UsageError", "__version__", "compile", "doctor"]
+
+
+def __getattr__(name):
+    # `fullgraph.compile(model, ...)` without importing torch at `import fullgraph`: the subpackage is imported on
+    # first use, and it is callable (fullgraph/compile/__init__.py says why it is not a function here).
+    if name == "compile":
+        import importlib
+
+        return importlib.import_module("fullgraph.compile")
+    raise AttributeError(f"module 'fullgraph' has no attribute {name!r}")
 
 
 def doctor(model, args=(), kwargs=None, **options):

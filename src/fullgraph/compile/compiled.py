@@ -1,0 +1,358 @@
+"""`fullgraph.compile(model, preset)`: a validated, scoped `torch.compile` with stats, warm-up and a way back to eager.
+
+Scoped config. Dynamo and Inductor read their config when they compile, and they compile inside calls. This
+model's Inductor options travel with its `torch.compile(options=...)`, which Inductor applies to its compiles
+only; its Dynamo config (the recompile limit) is applied with `torch._dynamo.config.patch` around each of its
+calls and warm-ups, and taken off after, so other models and the rest of the process keep the defaults.
+
+What torch shares anyway. Dynamo caches compiled code per code object, so every instance of one class shares one
+cache: a second instance may run the code compiled for the first (and then compiles nothing), and their recompiles
+count against one recompile limit. `stats` count what happened during this model's own calls, whichever instance
+the cache entries were made for.
+
+Threads. Config patches, the compile stance and torch's trace logger are process-wide, and so are the counters the
+stats are read from. Calls of every `CompiledModel` therefore hold one process-wide lock: calling one from several
+threads is safe but serialized (a compiled call releases no parallelism to gain anyway while it holds the GIL to
+launch work). Code compiled with plain `torch.compile` on another thread during such a call does see this model's
+Dynamo config and is counted in its stats: keep other compiles off other threads while these models run.
+
+Inference defaults. The model is put in `eval()` and called under `torch.no_grad()`, not `inference_mode()`:
+inference tensors cannot be used by autograd or modified in place later, which breaks outputs kept as caches or
+state and reused outside; the compiled graph records no autograd either way, and the doctor times its rows under
+no_grad, so its recommendation reproduces here. Inputs are checked against the dtype and device each input had on
+the first call (after the `dtype=` cast of floating inputs) and against the model's device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
+
+from fullgraph.compile.choice import read_choice
+from fullgraph.compile.options import Resolved, resolve
+from fullgraph.compile.presets import Preset
+from fullgraph.compile.stats import CompileStats, Tracker
+from fullgraph.compile.trace import TraceScope
+from fullgraph.errors import FullgraphError, UsageError
+
+ON_ERROR = ("raise", "eager")
+_CALLS = threading.RLock()  # see "Threads" above
+
+
+class CompileFallbackWarning(UserWarning):
+    """A model failed to compile and runs eagerly from now on (on_error="eager")."""
+
+
+class StrictRecompileError(FullgraphError, RuntimeError):
+    """A compile after warm-up under strict_recompiles=True."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _is_stance_failure(e: BaseException) -> bool:
+    recompile_error = getattr(torch._dynamo.exc, "RecompileError", ())
+    return isinstance(e, recompile_error) or "fail_on_recompile" in str(e)
+
+
+class CompiledModel(nn.Module):
+    """`model` compiled with one resolved configuration; behaves like `model`.
+
+    - Attribute reads fall through to the model (`cm.num_classes`); setting one the model has sets it there.
+      Methods reached that way (`cm.generate(...)`) run the original module, not the compiled call.
+    - `state_dict()` / `load_state_dict()` are the model's own, with its keys. `.to()`, `.cuda()`, `.half()` move or
+      cast the model: the next call compiles again (a recompile Dynamo's guards ask for) and the input checks
+      start over. Parameters and submodules also appear under `_orig_mod.`, as with `torch.compile`.
+    - `warmup(*args, **kwargs)` runs one call that may compile; run it for every shape and path serving will take.
+    - `stats` is a frozen `CompileStats` over this model's calls and warm-ups.
+    """
+
+    def __init__(self, model: nn.Module, resolved: Resolved, *, dtype: torch.dtype | None = None,
+                 on_error: str = "raise", strict_recompiles: bool = False, trace: TraceScope | None = None,
+                 eager: bool = False, label: str | None = None) -> None:  # fmt: skip
+        super().__init__()
+        if dtype is not None:
+            model.to(dtype)
+        model.eval()
+        self._orig_mod = model
+        self._resolved = resolved
+        self._label = label or resolved.preset
+        self._dtype = dtype
+        self._on_error = on_error
+        self._strict = strict_recompiles
+        self._trace = trace
+        self._tracker = Tracker()
+        self._eager = eager
+        self._warmed = False
+        self._signature: dict[str, tuple[torch.dtype, torch.device]] = {}
+        self._names = _positional_names(model)
+        # Kept out of nn.Module's registry: the compiled wrapper holds the same model, moved and saved through it.
+        self.__dict__["_compiled"] = None if eager else torch.compile(model, **resolved.compile_kwargs())
+
+    # -- calls -------------------------------------------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(args, kwargs, warming=False)
+
+    def warmup(self, *args: Any, **kwargs: Any) -> CompiledModel:
+        """One call that may compile (never strict); returns self. Reach every path serving will take: with
+        strict_recompiles=True a first compile after warm-up raises like a recompile."""
+        self._call(args, kwargs, warming=True)
+        return self
+
+    def _call(self, args: tuple, kwargs: dict, *, warming: bool) -> Any:
+        with _CALLS, torch.no_grad():
+            args, kwargs = self._inputs(args, kwargs)
+            fn = self._orig_mod if self._eager else self._compiled
+            strict = self._strict and self._warmed and not warming and not self._eager
+            self._tracker.begin()
+            try:
+                with self._scope(strict):
+                    out = fn(*args, **kwargs)
+            except Exception as e:
+                self._tracker.end()
+                out = self._failed(e, strict, args, kwargs)
+            else:
+                call = self._tracker.end()
+                if strict and call.frames_compiled:  # a new frame's first compile, on a torch whose stance lets it
+                    raise StrictRecompileError(
+                        f"{self._name()}: compiled {call.frames_compiled} new frame(s) after warm-up "
+                        "(strict_recompiles=True); warm up every path serving will take"
+                    )
+            self._warmed = True
+            return out
+
+    @contextlib.contextmanager
+    def _scope(self, strict: bool) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self._resolved.dynamo:
+                stack.enter_context(torch._dynamo.config.patch(self._resolved.dynamo))
+            if strict:
+                stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
+            if self._trace is not None:
+                stack.enter_context(self._trace.active())
+            yield
+
+    def _failed(self, e: Exception, strict: bool, args: tuple, kwargs: dict) -> Any:
+        if strict and _is_stance_failure(e):
+            raise StrictRecompileError(
+                f"{self._name()}: a compile after warm-up (strict_recompiles=True): {_first_line(e)}; warm up every "
+                "shape and path serving will take, or declare the changing dims dynamic"
+            ) from e
+        if self._on_error != "eager" or self._eager:
+            raise e
+        out = self._orig_mod(*args, **kwargs)  # fails too: the inputs are at fault, not the compiler; that error
+        cause = _first_line(e)
+        self._eager = True
+        self._tracker.fell_back(cause)
+        warnings.warn(
+            f"fullgraph.compile: {self._name()} (preset {self._label!r}) failed to compile and runs eagerly from "
+            f"now on: {cause}",
+            CompileFallbackWarning,
+            stacklevel=2,
+        )
+        return out
+
+    # -- inputs ------------------------------------------------------------------------------------------------
+
+    def _inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Floating inputs cast to `dtype=`; every tensor checked against what it was on the first call."""
+        if self._dtype is not None:
+            dtype = self._dtype
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t,
+                                         (args, kwargs))  # fmt: skip
+        seen: dict[str, tuple[torch.dtype, torch.device]] = {}
+        device = None if self._signature else _only_device(self._orig_mod)
+        for name, t in self._tensors(args, kwargs):
+            got = (t.dtype, t.device)
+            want = self._signature.get(name)
+            if want is None:
+                if device is not None and t.device != device:
+                    raise UsageError(f"input {name!r} is on {t.device} but the model is on {device}; move it there "
+                                     f"(.to({str(device)!r}))")  # fmt: skip
+                seen[name] = got
+            elif want != got:
+                raise UsageError(f"input {name!r}: the model was compiled for {want[0]} on {want[1]}, got "
+                                 f"{got[0]} on {got[1]}")  # fmt: skip
+        self._signature.update(seen)
+        return args, kwargs
+
+    def _tensors(self, args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.Tensor]]:
+        named = [(self._names[i] if i < len(self._names) else f"args[{i}]", a) for i, a in enumerate(args)]
+        for name, value in [*named, *kwargs.items()]:
+            if isinstance(value, torch.Tensor):
+                yield name, value
+            elif isinstance(value, (list, tuple, dict)):
+                leaves, _ = tree_flatten_with_path(value)
+                yield from ((name + keystr(path), x) for path, x in leaves if isinstance(x, torch.Tensor))
+
+    # -- behaving like the model -------------------------------------------------------------------------------
+
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(), ...: all go through here
+        out = super()._apply(fn, recurse)
+        self._signature = {}
+        self._warmed = False
+        if self._dtype is not None:
+            floats = [p.dtype for p in self._orig_mod.parameters() if p.is_floating_point()]
+            self._dtype = floats[0] if floats else self._dtype
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            model = self.__dict__.get("_modules", {}).get("_orig_mod")
+            if model is None:
+                raise
+            return getattr(model, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        model = self.__dict__.get("_modules", {}).get("_orig_mod")
+        own = name.startswith("_") or name in self.__dict__ or hasattr(type(self), name)
+        if model is not None and not own and hasattr(model, name):
+            setattr(model, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        return self._orig_mod.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def extra_repr(self) -> str:
+        r = self._resolved
+        parts = [f"preset={self._label!r}", f"backend={r.backend!r}"]
+        parts += [f"mode={r.mode!r}"] if r.mode else []
+        parts += [f"fullgraph={r.fullgraph}", f"dtype={self._dtype}"] + (
+            ["strict_recompiles=True"] if self._strict else []
+        )
+        if self._eager:
+            parts.append("eager" if self.stats.fell_back is None else f"eager after: {self.stats.fell_back!r}")
+        return ", ".join(parts)
+
+    # -- what it did -------------------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> CompileStats:
+        return self._tracker.stats
+
+    @property
+    def resolved(self) -> Resolved:
+        """The validated configuration (options with the mode expanded, Dynamo config) this model compiles with."""
+        return self._resolved
+
+    @property
+    def original_module(self) -> nn.Module:
+        return self._orig_mod
+
+    @property
+    def debug_files(self) -> list[str]:
+        """The trace files written for `debug=` (tlparse reads them), or [] without it."""
+        return self._trace.files() if self._trace is not None else []
+
+    def _name(self) -> str:
+        return type(self._orig_mod).__name__
+
+
+def _positional_names(model: nn.Module) -> list[str]:
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds]
+
+
+def _only_device(model: nn.Module) -> torch.device | None:
+    """The model's device when all its parameters and buffers are on one (a model split across devices: None)."""
+    devices = {t.device for t in (*model.parameters(), *model.buffers())}
+    return devices.pop() if len(devices) == 1 else None
+
+
+def compile(
+    model: nn.Module,
+    preset: str | Preset = "dev",
+    *,
+    mode: str | None = None,
+    backend: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+    dynamic: bool | str | None = "preset",
+    fullgraph: bool | None = None,
+    plan: Mapping[str, Any] | None = None,
+    on_error: str = "raise",
+    strict_recompiles: bool = False,
+    debug: str | os.PathLike | None = None,
+    recompile_limit: int | None = None,
+    choice: Any = None,
+) -> CompiledModel:
+    """Compile `model` with a preset (see fullgraph.compile.PRESETS) and the overrides given; everything is
+    validated before anything compiles, and nothing compiles until the first call or `warmup`.
+
+    - `mode`, `backend`, `options` (Inductor's), `dynamic` (True/False/None, "preset" keeps the preset's),
+      `fullgraph` and `recompile_limit` override the preset's.
+    - `dtype=torch.bfloat16` casts the model (in place) and its floating inputs on every call.
+    - `on_error="eager"`: a compile failure warns once (CompileFallbackWarning, naming the cause) and the model runs
+      eagerly from then on; "raise" lets the error through.
+    - `strict_recompiles=True`: after warm-up (or the first call), any compile raises StrictRecompileError
+      (torch.compiler.set_stance("fail_on_recompile") around this model's calls).
+    - `debug=folder`: this model's compile trace, in the form tlparse reads (`tlparse folder/*.log`). torch's trace
+      logger is process-wide; it is attached around this model's calls only (fullgraph.compile.trace).
+    - `preset="auto"` with `choice=` a doctor Report (or its recommendation): the configuration it measured best.
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"fullgraph.compile takes an nn.Module, not {type(model).__name__}; for a function, use "
+                         "torch.compile or wrap it in a module")  # fmt: skip
+    if isinstance(model, CompiledModel):
+        raise UsageError("this model is already a CompiledModel; compile its .original_module instead")
+    if plan is not None:
+        raise UsageError("plan= (per-submodule presets) is not yet supported in this version of fullgraph.compile")
+    if isinstance(dynamic, Mapping):
+        raise UsageError(
+            "dynamic={...} (declared dims) is not yet supported in this version of fullgraph.compile; pass True, "
+            "False or None, or mark dims with torch._dynamo.mark_dynamic(x, dim, min=, max=)"
+        )
+    if on_error not in ON_ERROR:
+        raise UsageError(f"on_error={on_error!r}: choose one of {', '.join(map(repr, ON_ERROR))}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise UsageError(f"dtype={dtype!r}: give a floating torch dtype (torch.bfloat16, torch.float16, ...)")
+    if not isinstance(strict_recompiles, bool):
+        raise UsageError(f"strict_recompiles={strict_recompiles!r}: give True or False")
+    if strict_recompiles and not hasattr(torch.compiler, "set_stance"):
+        raise UsageError(
+            f"strict_recompiles=True needs torch.compiler.set_stance (torch 2.6+), not in {torch.__version__}"
+        )
+    if recompile_limit is not None and (isinstance(recompile_limit, bool) or not isinstance(recompile_limit, int)
+                                        or recompile_limit < 1):  # fmt: skip
+        raise UsageError(f"recompile_limit={recompile_limit!r}: give a positive int")
+    if choice is not None and preset != "auto":
+        raise UsageError(f"choice= goes with preset='auto', not preset={preset!r}")
+    eager, label = False, None
+    if preset == "auto":
+        picked = read_choice(choice)
+        for given, chosen, name in ((mode, picked.mode, "mode"), (dtype, picked.dtype, "dtype")):
+            if given is not None and chosen is not None and given != chosen:
+                raise UsageError(f"{name}={given!r} contradicts the choice {picked.config!r}; drop one of them")
+        preset, mode, dtype = picked.preset, mode or picked.mode, dtype or picked.dtype
+        eager, label = picked.eager, f"auto: {picked.config}"
+    dynamo = {"recompile_limit": recompile_limit} if recompile_limit is not None else None
+    resolved = resolve(preset, mode=mode, backend=backend, options=options, dynamo=dynamo, dynamic=dynamic,
+                       fullgraph=fullgraph)  # fmt: skip
+    trace = TraceScope(debug) if debug is not None else None
+    return CompiledModel(model, resolved, dtype=dtype, on_error=on_error, strict_recompiles=strict_recompiles,
+                         trace=trace, eager=eager, label=label)  # fmt: skip
+
+
+__all__ = ["CompileFallbackWarning", "CompiledModel", "StrictRecompileError", "compile"]

@@ -1,0 +1,126 @@
+"""What compiling one model cost, counted around that model's own calls.
+
+Dynamo keeps process-wide counters (frames, graphs, graph breaks, CUDA-graph skips), a per-code-object list of
+guard failures (the recompiles) and compile-time metrics. A `Tracker` reads them before and after each call of a
+`CompiledModel` and keeps the difference, so two models compiled in one process each count their own compiles.
+What happens on another thread during a call is counted too (see `fullgraph.compile.compiled` on threads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# Dynamo's timer around one frame's whole compile (tracing and the backend).
+_COMPILE_TIMER = "_compile.compile_inner"
+
+
+@dataclass(frozen=True)
+class Recompile:
+    """One recompile: the function whose guards failed and why (Dynamo's guard-failure text)."""
+
+    function: str
+    file: str
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    """Counts for one `CompiledModel`, over its calls and warm-ups only."""
+
+    calls: int = 0
+    frames_compiled: int = 0  # frames Dynamo converted (a graph break splits a function into several)
+    graphs: int = 0  # graphs handed to the backend
+    graph_breaks: int = 0  # places where a graph broke, each counted when its continuation is built
+    break_reasons: tuple[str, ...] = ()  # distinct reasons (first lines), first seen first
+    recompiles: tuple[Recompile, ...] = ()
+    cudagraph_skips: int = 0  # Inductor's count; the reasons are in its log (TORCH_LOGS=perf_hints)
+    compile_seconds: float = 0.0  # Dynamo's timer for each frame's compile, backend included
+    fell_back: str | None = None  # why the model runs eagerly, once on_error="eager" fired
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _counters():
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
+def _snapshot() -> tuple:
+    from torch._dynamo.utils import compilation_time_metrics, guard_failures
+
+    c = _counters()
+    return (
+        c["frames"]["ok"],
+        c["stats"]["unique_graphs"],
+        {**c["unimplemented"], **c["graph_break"]},
+        dict(c["resumes"]),
+        {code: len(v) for code, v in guard_failures.items()},
+        c["inductor"]["cudagraph_skips"],
+        len(compilation_time_metrics.get(_COMPILE_TIMER, ())),
+    )
+
+
+class Tracker:
+    """Accumulates the difference of Dynamo's counters across `begin()`/`end()` pairs (one per call)."""
+
+    def __init__(self) -> None:
+        self._stats = CompileStats()
+        self._before: tuple | None = None
+
+    @property
+    def stats(self) -> CompileStats:
+        return self._stats
+
+    def begin(self) -> None:
+        self._before = _snapshot()
+
+    def end(self) -> CompileStats:
+        """Fold what happened since `begin()` into the totals; returns this call's own counts."""
+        from torch._dynamo.utils import compilation_time_metrics, guard_failures
+
+        frames0, graphs0, reasons0, resumes0, failures0, skips0, timed0 = self._before
+        c = _counters()
+        # Dynamo files a break's reason under "graph_break" or, for some (a branch on a tensor's value in 2.13),
+        # "unimplemented"; every break in the middle of a frame builds a continuation, counted under "resumes".
+        reasons = {**c["unimplemented"], **c["graph_break"]}
+        new_reasons = [r.strip().splitlines()[0] for r, n in reasons.items() if n > reasons0.get(r, 0) and r.strip()]
+        breaks = sum(1 for r, n in c["resumes"].items() if n > resumes0.get(r, 0))
+        recompiles = tuple(
+            Recompile(code.co_name, code.co_filename, code.co_firstlineno, str(reason).strip())
+            for code, reasons in guard_failures.items()
+            for reason in reasons[failures0.get(code, 0) :]
+        )
+        times = compilation_time_metrics.get(_COMPILE_TIMER, [])
+        call = CompileStats(
+            calls=1,
+            frames_compiled=c["frames"]["ok"] - frames0,
+            graphs=c["stats"]["unique_graphs"] - graphs0,
+            graph_breaks=breaks,
+            break_reasons=tuple(dict.fromkeys(new_reasons)),
+            recompiles=recompiles,
+            cudagraph_skips=c["inductor"]["cudagraph_skips"] - skips0,
+            compile_seconds=float(sum(times[timed0:])),
+        )
+        self._stats = merge(self._stats, call)
+        return call
+
+    def fell_back(self, cause: str) -> None:
+        self._stats = dataclasses.replace(self._stats, fell_back=cause)
+
+
+def merge(a: CompileStats, b: CompileStats) -> CompileStats:
+    return CompileStats(
+        calls=a.calls + b.calls,
+        frames_compiled=a.frames_compiled + b.frames_compiled,
+        graphs=a.graphs + b.graphs,
+        graph_breaks=a.graph_breaks + b.graph_breaks,
+        break_reasons=tuple(dict.fromkeys(a.break_reasons + b.break_reasons)),
+        recompiles=a.recompiles + b.recompiles,
+        cudagraph_skips=a.cudagraph_skips + b.cudagraph_skips,
+        compile_seconds=a.compile_seconds + b.compile_seconds,
+        fell_back=b.fell_back or a.fell_back,
+    )
