@@ -69,7 +69,7 @@ def test_an_unknown_option_is_refused_with_a_fix_before_anything_compiles():
         (dict(recompile_limit=0), "positive int"),
         (dict(choice="eager fp32"), "goes with preset='auto'"),
         (dict(plan={"fc1": "dev"}), "not yet supported"),
-        (dict(dynamic={"x": {0: (1, 8)}}), "not yet supported"),
+        (dict(dynamic={"x": {0: (8, 1)}}), "min"),
     ]:
         with pytest.raises(UsageError, match=message):
             fullgraph.compile(Mlp(), **kwargs)
@@ -275,3 +275,16 @@ def test_the_top_level_name_is_the_callable_package():
         "import fullgraph.compile.presets; assert fullgraph.compile(torch.nn.Linear(2, 2)).stats.calls == 0"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_declared_dynamic_dims_compile_one_graph_for_the_range():
+    model = Mlp()
+    cm = fullgraph.compile(model, backend="eager", dynamic={"x": {0: (2, 16)}}, strict_recompiles=True)
+    cm.warmup(torch.randn(3, 8))
+    for n in (5, 16, 2):
+        x = torch.randn(n, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), model(x))
+    assert cm.stats.frames_compiled == 1 and cm.stats.recompiles == ()
+    with pytest.raises(UsageError, match="outside its declared range"):
+        cm(torch.randn(17, 8))

@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
 from fullgraph.compile.choice import read_choice
+from fullgraph.compile.dynamic import DynamicSpec, check_dynamic_spec, declare_dynamic
 from fullgraph.compile.options import Resolved, resolve
 from fullgraph.compile.presets import Preset
 from fullgraph.compile.stats import CompileStats, Tracker
@@ -80,7 +81,8 @@ class CompiledModel(nn.Module):
 
     def __init__(self, model: nn.Module, resolved: Resolved, *, dtype: torch.dtype | None = None,
                  on_error: str = "raise", strict_recompiles: bool = False, trace: TraceScope | None = None,
-                 eager: bool = False, label: str | None = None) -> None:  # fmt: skip
+                 eager: bool = False, label: str | None = None,
+                 dynamic: DynamicSpec | None = None) -> None:  # fmt: skip
         super().__init__()
         if dtype is not None:
             model.to(dtype)
@@ -97,6 +99,7 @@ class CompiledModel(nn.Module):
         self._warmed = False
         self._signature: dict[str, tuple[torch.dtype, torch.device]] = {}
         self._names = _positional_names(model)
+        self._dynamic = dynamic
         # Kept out of nn.Module's registry: the compiled wrapper holds the same model, moved and saved through it.
         self.__dict__["_compiled"] = None if eager else torch.compile(model, **resolved.compile_kwargs())
 
@@ -114,6 +117,8 @@ class CompiledModel(nn.Module):
     def _call(self, args: tuple, kwargs: dict, *, warming: bool) -> Any:
         with _CALLS, torch.no_grad():
             args, kwargs = self._inputs(args, kwargs)
+            if self._dynamic and not self._eager:
+                declare_dynamic(self._orig_mod, args, kwargs, self._dynamic)  # marks live on this call's tensors
             fn = self._orig_mod if self._eager else self._compiled
             strict = self._strict and self._warmed and not warming and not self._eager
             self._tracker.begin()
@@ -289,7 +294,7 @@ def compile(
     backend: str | None = None,
     options: Mapping[str, Any] | None = None,
     dtype: torch.dtype | None = None,
-    dynamic: bool | str | None = "preset",
+    dynamic: bool | str | DynamicSpec | None = "preset",
     fullgraph: bool | None = None,
     plan: Mapping[str, Any] | None = None,
     on_error: str = "raise",
@@ -303,6 +308,8 @@ def compile(
 
     - `mode`, `backend`, `options` (Inductor's), `dynamic` (True/False/None, "preset" keeps the preset's),
       `fullgraph` and `recompile_limit` override the preset's.
+    - `dynamic={"x": {0: (1, 32)}}` declares input dims dynamic with ranges, marked on each call's inputs
+      (fullgraph.compile.dynamic.declare_dynamic: sizes 0 and 1 compile apart); other dims stay automatic.
     - `dtype=torch.bfloat16` casts the model (in place) and its floating inputs on every call.
     - `on_error="eager"`: a compile failure warns once (CompileFallbackWarning, naming the cause) and the model runs
       eagerly from then on; "raise" lets the error through.
@@ -319,11 +326,8 @@ def compile(
         raise UsageError("this model is already a CompiledModel; compile its .original_module instead")
     if plan is not None:
         raise UsageError("plan= (per-submodule presets) is not yet supported in this version of fullgraph.compile")
-    if isinstance(dynamic, Mapping):
-        raise UsageError(
-            "dynamic={...} (declared dims) is not yet supported in this version of fullgraph.compile; pass True, "
-            "False or None, or mark dims with torch._dynamo.mark_dynamic(x, dim, min=, max=)"
-        )
+    spec = check_dynamic_spec(dynamic) if isinstance(dynamic, Mapping) else None
+    dynamic = None if spec is not None else dynamic  # declared dims are marked; the rest stay automatic
     if on_error not in ON_ERROR:
         raise UsageError(f"on_error={on_error!r}: choose one of {', '.join(map(repr, ON_ERROR))}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -352,7 +356,7 @@ def compile(
                        fullgraph=fullgraph)  # fmt: skip
     trace = TraceScope(debug) if debug is not None else None
     return CompiledModel(model, resolved, dtype=dtype, on_error=on_error, strict_recompiles=strict_recompiles,
-                         trace=trace, eager=eager, label=label)  # fmt: skip
+                         trace=trace, eager=eager, label=label, dynamic=spec)  # fmt: skip
 
 
 __all__ = ["CompileFallbackWarning", "CompiledModel", "StrictRecompileError", "compile"]
