@@ -121,3 +121,37 @@ def test_a_prepared_row_runs_as_inference_whoever_calls_it():
     assert torch.is_grad_enabled()
     out = c.fn()
     assert counters["frames"]["ok"] == frames and not out.requires_grad
+
+
+def test_the_recommended_call_pasted_reproduces_its_row():
+    import fullgraph
+    from fullgraph.compile import CompiledModel
+
+    configs = [
+        row("eager fp32", 10.0, mode="eager"),
+        row("compile reduce-overhead bf16", 2.0, 1e-2, 4e-2, "reduce-overhead", "bf16"),
+    ]
+    rec = cfg.recommend(configs)
+    assert rec.code.startswith('model = fullgraph.compile(model, mode="reduce-overhead", dtype=torch.bfloat16)')
+    namespace = {"model": torch.nn.Linear(4, 4), "torch": torch, "fullgraph": fullgraph}
+    exec(rec.code.splitlines()[0], namespace)  # the line a user pastes; the call itself needs a GPU for this mode
+    cm = namespace["model"]
+    assert isinstance(cm, CompiledModel) and cm.resolved.mode == "reduce-overhead"
+    assert cm.resolved.options == fullgraph.compile.resolve("dev", mode="reduce-overhead").options
+    assert cm.weight.dtype == torch.bfloat16  # cast, as the row was
+
+    eager = cfg.recommend([row("eager fp32", 1.0, mode="eager")])
+    namespace = {"model": torch.nn.Linear(4, 4), "torch": torch, "fullgraph": fullgraph, "args": (torch.randn(2, 4),),
+                 "kwargs": {}}  # fmt: skip
+    exec(eager.code, namespace)
+    assert namespace["y"].shape == (2, 4) and isinstance(namespace["model"], torch.nn.Linear)
+    fn = cfg.recommend(configs, module=False)  # a function: torch.compile, fullgraph.compile takes modules
+    assert 'torch.compile(model, mode="reduce-overhead")' in fn.code
+
+
+def test_compiled_rows_are_built_through_fullgraph_compile():
+    from fullgraph.compile import CompiledModel
+
+    built = cfg.build(torch.nn.Linear(4, 4), "default", torch.float32)
+    assert isinstance(built, CompiledModel) and built.resolved.mode == "default"
+    assert isinstance(cfg.build(torch.nn.Linear(4, 4), "eager", torch.float32), torch.nn.Linear)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from fullgraph import env
+from fullgraph.compile.compiled import compile as fullgraph_compile
 from fullgraph.diagnose.inputs import Example, flat_tensors
 from fullgraph.diagnose.report import ConfigResult, Recommendation
 from fullgraph.timing import first_call, measure, peak_memory
@@ -107,11 +108,15 @@ class Candidate:
 
 
 def build(model: Callable, mode: str, dtype: torch.dtype) -> Callable:
-    """The model in `dtype` (a copy: the user's model is never changed) and compiled with `mode` unless eager.
+    """The model in `dtype` (a copy: the user's model is never changed) and compiled with `mode` unless eager,
+    through `fullgraph.compile` (validated options, scoped config), as the recommendation's code will be.
 
-    A plain function cannot be cast: it runs on inputs cast to `dtype` with whatever weights it closes over."""
-    m = copy.deepcopy(model).to(dtype).eval() if isinstance(model, nn.Module) else model
-    return m if mode == "eager" else torch.compile(m, mode=mode)
+    A plain function cannot be cast: it runs on inputs cast to `dtype` with whatever weights it closes over, and
+    is compiled with torch.compile (fullgraph.compile takes modules)."""
+    if not isinstance(model, nn.Module):
+        return model if mode == "eager" else torch.compile(model, mode=mode)
+    m = copy.deepcopy(model).to(dtype).eval()
+    return m if mode == "eager" else fullgraph_compile(m, mode=mode)
 
 
 def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: torch.device) -> None:
@@ -173,7 +178,7 @@ def _lead_within_noise(fast: ConfigResult, slow: ConfigResult) -> bool:
     return lead <= TIE or slow.p20_ms <= fast.p80_ms or slow.noisy or fast.noisy or lost_a_round
 
 
-def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0) -> Recommendation | None:
+def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0, module: bool = True) -> Recommendation | None:
     """The fastest row within tolerance, or, when others are within 3% or within noise of it, the simplest of
     them (eager < default < reduce-overhead < max-autotune; fp32 before bf16), named as a tie."""
     ok = [c for c in configs if c.ok and c.median_ms]
@@ -192,11 +197,17 @@ def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0) -> Recomme
         reason = f"tie: {', '.join(tie)} within {TIE:.0%} or within noise of it; the simplest is recommended"
     else:
         reason = "the fastest configuration within tolerance, ahead of the rest by more than their spread"
-    return Recommendation(pick.name, speedup, _code(pick, graph_breaks), base.name if base else None, tie, reason)
+    code = _code(pick, graph_breaks, module)
+    return Recommendation(pick.name, speedup, code, base.name if base else None, tie, reason)
 
 
-def _code(pick: ConfigResult, graph_breaks: int) -> str:
+def _code(pick: ConfigResult, graph_breaks: int, module: bool = True) -> str:
+    """The code that reproduces `pick`: a `fullgraph.compile(...)` call for a compiled row of a module (it casts
+    the inputs, runs under no_grad and keeps the doctor's mode), torch.compile for a function."""
     dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[pick.dtype]
+    if pick.mode != "eager" and module:
+        cast = "" if pick.dtype == "fp32" else f", dtype={dtype}"
+        return f'model = fullgraph.compile(model, mode="{pick.mode}"{cast})\ny = model(*args, **kwargs)'
     cast = "" if pick.dtype == "fp32" else f"model = model.to({dtype})  # and cast floating inputs to {dtype}\n"
     if pick.mode != "eager":
         call = f'model = torch.compile(model, mode="{pick.mode}")\n'

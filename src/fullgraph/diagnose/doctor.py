@@ -170,7 +170,7 @@ def doctor(
                 f"noisy timings (p80/p20 > {cfg.NOISY_P80_P20} or rounds spread > {cfg.NOISY_SPREAD:.0%}, measured"
                 f" twice): {', '.join(noisy)}; is the machine busy? No recommendation rests on their lead"
             )
-        rec_ = cfg.recommend(configs, rec.graph_break_count)
+        rec_ = cfg.recommend(configs, rec.graph_break_count, module=is_module)
         breakdowns: list[Breakdown] = []
         if profile and (deadline is None or time.monotonic() < deadline):
             names = [c.name for c in configs if c.mode == "eager" and c.median_ms][:1]
