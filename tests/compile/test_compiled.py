@@ -68,7 +68,7 @@ def test_an_unknown_option_is_refused_with_a_fix_before_anything_compiles():
         (dict(dtype=torch.int8), "floating torch dtype"),
         (dict(recompile_limit=0), "positive int"),
         (dict(choice="eager fp32"), "goes with preset='auto'"),
-        (dict(plan={"fc1": "dev"}), "not yet supported"),
+        (dict(plan={"fc3": "dev"}), r"'fc3'.*did you mean.*top-level: fc1, fc2"),
         (dict(dynamic={"x": {0: (8, 1)}}), "min"),
     ]:
         with pytest.raises(UsageError, match=message):

@@ -1,6 +1,6 @@
 """Compiling with validated, scoped strategies: presets for the chapter's scenarios, option validation against the
-installed torch, `compile(model, preset) -> CompiledModel` (DESIGN.md, Layers: this package imports env, errors and
-the timing core only).
+installed torch, `compile(model, preset) -> CompiledModel`, per-module plans and regional compilation (DESIGN.md,
+Layers: this package imports env, errors and the timing core only).
 
 This package is callable: `fullgraph.compile(model, ...)` is `fullgraph.compile.compile(model, ...)`. The top-level
 name `fullgraph.compile` is this package once it is imported (Python binds a subpackage to its parent's attribute
@@ -12,6 +12,7 @@ import types
 
 from fullgraph.compile.compiled import CompiledModel, CompileFallbackWarning, StrictRecompileError, compile
 from fullgraph.compile.options import Resolved, resolve
+from fullgraph.compile.plan import PlannedPart, PlanResult, apply_plan, check_plan
 from fullgraph.compile.presets import MODES, PRESETS, Preset, get_preset
 from fullgraph.compile.stats import CompileStats, Recompile
 
@@ -21,10 +22,14 @@ __all__ = [
     "CompileFallbackWarning",
     "CompileStats",
     "CompiledModel",
+    "PlanResult",
+    "PlannedPart",
     "Preset",
     "Recompile",
     "Resolved",
     "StrictRecompileError",
+    "apply_plan",
+    "check_plan",
     "compile",
     "get_preset",
     "resolve",

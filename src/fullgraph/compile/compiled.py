@@ -40,6 +40,7 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 from fullgraph.compile.choice import read_choice
 from fullgraph.compile.dynamic import DynamicSpec, check_dynamic_spec, declare_dynamic
 from fullgraph.compile.options import Resolved, resolve
+from fullgraph.compile.plan import PlanResult, build_parts
 from fullgraph.compile.presets import Preset
 from fullgraph.compile.stats import CompileStats, Tracker
 from fullgraph.compile.trace import TraceScope
@@ -82,7 +83,7 @@ class CompiledModel(nn.Module):
     def __init__(self, model: nn.Module, resolved: Resolved, *, dtype: torch.dtype | None = None,
                  on_error: str = "raise", strict_recompiles: bool = False, trace: TraceScope | None = None,
                  eager: bool = False, label: str | None = None,
-                 dynamic: DynamicSpec | None = None) -> None:  # fmt: skip
+                 dynamic: DynamicSpec | None = None, parts: PlanResult | None = None) -> None:  # fmt: skip
         super().__init__()
         if dtype is not None:
             model.to(dtype)
@@ -100,8 +101,10 @@ class CompiledModel(nn.Module):
         self._signature: dict[str, tuple[torch.dtype, torch.device]] = {}
         self._names = _positional_names(model)
         self._dynamic = dynamic
+        self._parts = parts  # a plan's or regional compilation's parts, installed around each call
         # Kept out of nn.Module's registry: the compiled wrapper holds the same model, moved and saved through it.
-        self.__dict__["_compiled"] = None if eager else torch.compile(model, **resolved.compile_kwargs())
+        whole = None if eager or parts is not None else torch.compile(model, **resolved.compile_kwargs())
+        self.__dict__["_compiled"] = parts.call if parts is not None and not eager else whole
 
     # -- calls -------------------------------------------------------------------------------------------------
 
@@ -145,6 +148,8 @@ class CompiledModel(nn.Module):
                 stack.enter_context(torch._dynamo.config.patch(self._resolved.dynamo))
             if strict:
                 stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
+            if self._parts is not None and not self._eager:
+                stack.enter_context(self._parts.installed())
             if self._trace is not None:
                 stack.enter_context(self._trace.active())
             yield
@@ -237,12 +242,12 @@ class CompiledModel(nn.Module):
         return self._orig_mod.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def extra_repr(self) -> str:
-        r = self._resolved
-        parts = [f"preset={self._label!r}", f"backend={r.backend!r}"]
-        parts += [f"mode={r.mode!r}"] if r.mode else []
-        parts += [f"fullgraph={r.fullgraph}", f"dtype={self._dtype}"] + (
-            ["strict_recompiles=True"] if self._strict else []
-        )
+        r, planned = self._resolved, self._parts is not None and self._parts.regional is None
+        parts = [] if planned else [f"preset={self._label!r}", f"backend={r.backend!r}"]
+        parts += [f"mode={r.mode!r}"] if r.mode and not planned else []
+        parts += [] if planned else [f"fullgraph={r.fullgraph}"]
+        parts += [self._parts.summary()] if self._parts is not None else []
+        parts += [f"dtype={self._dtype}"] + (["strict_recompiles=True"] if self._strict else [])
         if self._eager:
             parts.append("eager" if self.stats.fell_back is None else f"eager after: {self.stats.fell_back!r}")
         return ", ".join(parts)
@@ -252,6 +257,15 @@ class CompiledModel(nn.Module):
     @property
     def stats(self) -> CompileStats:
         return self._tracker.stats
+
+    @property
+    def plan(self) -> PlanResult | None:
+        """The parts compiled apart (`plan=` or `regional=`), with per-path stats; None for a whole-model compile."""
+        return self._parts
+
+    def describe(self) -> str:
+        """Which part compiles how: one line per planned path with its costs, the regional blocks, or the model."""
+        return self._parts.describe() if self._parts is not None else f"whole model: {self.extra_repr()}"
 
     @property
     def resolved(self) -> Resolved:
@@ -297,6 +311,7 @@ def compile(
     dynamic: bool | str | DynamicSpec | None = "preset",
     fullgraph: bool | None = None,
     plan: Mapping[str, Any] | None = None,
+    regional: bool | str = False,
     on_error: str = "raise",
     strict_recompiles: bool = False,
     debug: str | os.PathLike | None = None,
@@ -318,14 +333,19 @@ def compile(
     - `debug=folder`: this model's compile trace, in the form tlparse reads (`tlparse folder/*.log`). torch's trace
       logger is process-wide; it is attached around this model's calls only (fullgraph.compile.trace).
     - `preset="auto"` with `choice=` a doctor Report (or its recommendation): the configuration it measured best.
+    - `plan={"vision": "perception", "fusion": "eager", "head": {"backend": "cudagraphs"}}` compiles those
+      submodules each its own way (dict entries override `preset`) and runs the rest eagerly;
+      `regional=True` ("per-block") or "nested" compiles the repeated blocks once (fullgraph.compile.plan).
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"fullgraph.compile takes an nn.Module, not {type(model).__name__}; for a function, use "
                          "torch.compile or wrap it in a module")  # fmt: skip
     if isinstance(model, CompiledModel):
         raise UsageError("this model is already a CompiledModel; compile its .original_module instead")
-    if plan is not None:
-        raise UsageError("plan= (per-submodule presets) is not yet supported in this version of fullgraph.compile")
+    if plan is not None and preset == "auto":
+        raise UsageError("plan= takes a preset per path; preset='auto' does not combine with it")
+    given = dict(mode=mode, backend=backend, options=options, fullgraph=fullgraph, recompile_limit=recompile_limit,
+                 dynamic=None if isinstance(dynamic, str) and dynamic == "preset" else dynamic)  # fmt: skip
     spec = check_dynamic_spec(dynamic) if isinstance(dynamic, Mapping) else None
     dynamic = None if spec is not None else dynamic  # declared dims are marked; the rest stay automatic
     if on_error not in ON_ERROR:
@@ -354,9 +374,10 @@ def compile(
     dynamo = {"recompile_limit": recompile_limit} if recompile_limit is not None else None
     resolved = resolve(preset, mode=mode, backend=backend, options=options, dynamo=dynamo, dynamic=dynamic,
                        fullgraph=fullgraph)  # fmt: skip
+    parts = build_parts(model, preset, resolved, plan=plan, regional=regional, given=given)
     trace = TraceScope(debug) if debug is not None else None
     return CompiledModel(model, resolved, dtype=dtype, on_error=on_error, strict_recompiles=strict_recompiles,
-                         trace=trace, eager=eager, label=label, dynamic=spec)  # fmt: skip
+                         trace=trace, eager=eager, label=label, dynamic=spec, parts=parts)  # fmt: skip
 
 
 __all__ = ["CompileFallbackWarning", "CompiledModel", "StrictRecompileError", "compile"]
