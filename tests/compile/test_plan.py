@@ -11,7 +11,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import fullgraph
-from fullgraph.compile import CompileFallbackWarning, Preset, check_plan
+from fullgraph.compile import CompileFallbackWarning, Preset, StrictRecompileError, check_plan
 from fullgraph.compile.regional import has_nested_compile_region
 from fullgraph.errors import UsageError
 
@@ -237,6 +237,17 @@ def test_a_failing_part_falls_back_to_eager_with_one_warning():
     assert [w.category for w in caught] == [CompileFallbackWarning]
     torch.testing.assert_close(got, expected)
     assert "eager after" in repr(cm) and robot.head._compiled_call_impl is None
+
+
+def test_strict_recompiles_reach_the_planned_parts():
+    robot = Robot()
+    cm = fullgraph.compile(robot, plan={"points": {"backend": "fgtest_points"}}, strict_recompiles=True)
+    cm.warmup(*inputs(37))
+    robot.points.seen.clear()  # as when traced: the probe's list length is guarded
+    cm(*inputs(37))
+    robot.points.seen.clear()
+    with pytest.raises(StrictRecompileError):
+        cm(*inputs(12))  # a new point count: the points part would recompile
 
 
 # -- regional ------------------------------------------------------------------------------------------------
