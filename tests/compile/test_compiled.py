@@ -288,3 +288,14 @@ def test_declared_dynamic_dims_compile_one_graph_for_the_range():
     assert cm.stats.frames_compiled == 1 and cm.stats.recompiles == ()
     with pytest.raises(UsageError, match="outside its declared range"):
         cm(torch.randn(17, 8))
+
+
+def test_a_fullgraph_compile_counts_its_frame():
+    # torch 2.13 does not count a fullgraph=True frame under frames["ok"]; the stats must still see it.
+    torch._dynamo.reset()
+    cm = fullgraph.compile(torch.nn.Linear(4, 4), backend="eager", fullgraph=True)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(cm(x), cm.original_module(x))
+    assert cm.stats.frames_compiled == 1
+    cm(x)
+    assert cm.stats.frames_compiled == 1 and cm.stats.calls == 2

@@ -97,7 +97,8 @@ class Tracker:
         times = compilation_time_metrics.get(_COMPILE_TIMER, [])
         call = CompileStats(
             calls=1,
-            frames_compiled=c["frames"]["ok"] - frames0,
+            # torch 2.13 leaves frames["ok"] alone for a fullgraph=True compile; its compile timer still ticks
+            frames_compiled=max(c["frames"]["ok"] - frames0, len(times) - timed0),
             graphs=c["stats"]["unique_graphs"] - graphs0,
             graph_breaks=breaks,
             break_reasons=tuple(dict.fromkeys(new_reasons)),
