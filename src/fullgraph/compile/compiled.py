@@ -138,7 +138,8 @@ class CompiledModel(nn.Module):
                         f"{self._name()}: compiled {call.frames_compiled} new frame(s) after warm-up "
                         "(strict_recompiles=True); warm up every path serving will take"
                     )
-            self._warmed = True
+            if not self._warmed:  # nn.Module.__setattr__ is slow on the hot path: set it once
+                self._warmed = True
             return out
 
     @contextlib.contextmanager

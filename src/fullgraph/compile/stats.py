@@ -64,25 +64,49 @@ def _snapshot() -> tuple:
     )
 
 
+_HIT = CompileStats(calls=1)  # what a call that compiled nothing adds
+
+
+def _activity() -> tuple[int, int]:
+    """Two numbers that move whenever Dynamo does anything worth counting: the frames it was asked to convert (a
+    cache miss, a recompile, a recompile limit reached) and the frames it compiled. O(1), unlike `_snapshot`,
+    whose guard-failure table grows with every compiled function in the process."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return _counters()["frames"]["total"], len(compilation_time_metrics.get(_COMPILE_TIMER, ()))
+
+
 class Tracker:
-    """Accumulates the difference of Dynamo's counters across `begin()`/`end()` pairs (one per call)."""
+    """Accumulates the difference of Dynamo's counters across `begin()`/`end()` pairs (one per call).
+
+    Steady-state calls hit Dynamo's cache and change nothing: when Dynamo's activity numbers did not move, a call
+    costs two counter reads, and the full snapshot is taken again only after something compiled (here or in
+    another model)."""
 
     def __init__(self) -> None:
         self._stats = CompileStats()
         self._before: tuple | None = None
+        self._activity: tuple[int, int] | None = None  # Dynamo's activity when `_before` was taken
+        self._hits = 0  # calls that compiled nothing, counted apart: the hot path builds no dataclass
 
     @property
     def stats(self) -> CompileStats:
-        return self._stats
+        return dataclasses.replace(self._stats, calls=self._stats.calls + self._hits)
 
     def begin(self) -> None:
-        self._before = _snapshot()
+        now = _activity()
+        if self._before is None or now != self._activity:
+            self._before, self._activity = _snapshot(), now
 
     def end(self) -> CompileStats:
         """Fold what happened since `begin()` into the totals; returns this call's own counts."""
         from torch._dynamo.utils import compilation_time_metrics, guard_failures
 
+        if _activity() == self._activity:  # a cache hit: nothing compiled, nothing to diff
+            self._hits += 1
+            return _HIT
         frames0, graphs0, reasons0, resumes0, failures0, skips0, timed0 = self._before
+        self._before = None  # taken again at the next begin()
         c = _counters()
         # Dynamo files a break's reason under "graph_break" or, for some (a branch on a tensor's value in 2.13),
         # "unimplemented"; every break in the middle of a frame builds a continuation, counted under "resumes".
