@@ -33,8 +33,8 @@ DTYPE_SIMPLICITY = {"fp32": 0, "bf16": 1, "fp16": 2}
 # ||out - ref|| / ||ref|| against eager float32, per dtype the configuration runs in.
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 TIE = 0.03  # rows within 3% of the fastest are a tie
-NOISY_P80_P20 = 1.3  # p80 / p20 over all timed calls of a row
-NOISY_SPREAD = 0.25  # (max - min) / median of the row's per-round medians
+NOISY_P80_P20 = 1.5  # p80 / p20 over all timed calls of a row (a 2-core VM shows up to 1.22 when idle)
+NOISY_SPREAD = 0.4  # (max - min) / median of the per-round medians (up to 0.21 idle, and 0.25 once, on a 2-core VM)
 ROUNDS = 5
 MIN_PER_ROUND = 3  # calls timed per row per round: a round's median of fewer is one outlier away from noise
 # Compile seconds of each mode relative to the default mode's, to skip the slowest first under --budget (the
