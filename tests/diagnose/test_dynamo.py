@@ -4,6 +4,7 @@ import os
 import pytest
 import torch
 
+from fullgraph.compile.options import dynamo_config_name
 from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.inputs import Example
 from tests.diagnose import models
@@ -162,7 +163,7 @@ def test_counts_match_explain_on_a_fresh_copy_not_on_a_model_already_called():
 
 def test_room_for_recompiles_is_scoped():
     cfg = torch._dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    name = dynamo_config_name("recompile_limit")
     before = getattr(cfg, name)
     with dynamo.room_for_recompiles():
         assert getattr(cfg, name) >= 64

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fullgraph.compile.options import dynamo_config_name
 from fullgraph.diagnose.inputs import Example
 from fullgraph.diagnose.report import GraphBreak, Recompile
 
@@ -146,7 +147,7 @@ def room_for_recompiles():
     """The doctor compiles one model several ways; raise Dynamo's per-function recompile limit meanwhile so
     later configurations are not silently run in eager mode. Scoped: restored on exit."""
     cfg = torch._dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    name = dynamo_config_name("recompile_limit")
     with cfg.patch(**{name: max(getattr(cfg, name), 64)}):
         yield
 
