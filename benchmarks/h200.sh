@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
-#   doctor-models overhead tune tune-attention grad-mode (default: env tests ceilings ops)
+#   doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +44,18 @@ for step in $steps; do
       ;;
     doctor-models)
       $py benchmarks/doctor_models.py 2>&1 | tee "$OUT/doctor_models.txt" | tail -40
+      ;;
+    compile-presets)  # issue 12: each preset at batch 4, 1, 256 bf16 on timm ViT-B/16; plain modes at batch 4
+      $py benchmarks/compile_presets.py presets --batches ${BATCHES:-4,1,256} --csv "$OUT/compile_presets_h200.csv" \
+        2>&1 | tee "$OUT/compile_presets.txt" | grep -v '^  \[' | tail -50
+      ;;
+    compile-bucketed)  # issue 12: Bucketed reduce-overhead vs dynamic=True vs per-size over random sizes 1..32
+      $py benchmarks/compile_presets.py bucketed --csv "$OUT/compile_bucketed_h200.csv" \
+        2>&1 | tee "$OUT/compile_bucketed.txt" | grep -v '^  \[' | tail -12
+      ;;
+    regional)  # issue 12: cold compile in fresh processes, whole vs regional, timm ViT-B/16
+      $py benchmarks/regional_compile.py --model timm:vit_base_patch16_224 --csv "$OUT/regional_compile_h200.csv" \
+        2>&1 | tee "$OUT/regional_compile.txt" | tail -30
       ;;
     overhead)
       $py benchmarks/eager_overhead.py | tee "$OUT/eager_overhead.txt"

@@ -17,7 +17,10 @@ Steady state: one process compiles all variants (and keeps an eager copy), check
 then times them interleaved with `fullgraph.timing.measure` (rounds of every variant in turn; the median
 of the round medians), so load from other processes hits all variants alike.
 
-Run: PYTHONPATH=src python benchmarks/regional_compile.py [--csv benchmarks/results/regional_compile_cpu.csv]
+On a GPU, `--model timm:vit_base_patch16_224` runs timm's ViT-B/16 (12 blocks; batch REGIONAL_BATCH=8, dtype
+REGIONAL_DTYPE=bfloat16) instead, timed with CUDA events; `triton_kernels` counts the kernels Triton built.
+
+Run: PYTHONPATH=src python benchmarks/regional_compile.py [--model small|timm:NAME] [--csv FILE]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from fullgraph.timing import measure
 VARIANTS = ("whole", "per-block", "nested")
 PARAMS = {"dim": 192, "heads": 3, "depth": 12, "tokens": 64, "batch": 2, "dtype": "float32"}
 CASE = "vit 12x192 64tok b2 fp32"
+MODEL = "small"
 
 
 class Block(nn.Module):
@@ -80,8 +84,34 @@ class ViT(nn.Module):
         return self.head(self.norm(x).mean(1))
 
 
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def configure(model: str) -> None:
+    """`small` (the ViT above; the CPU default) or `timm:NAME` (e.g. timm:vit_base_patch16_224, 12 blocks; the
+    GPU's), sized by --batch and --dtype."""
+    global CASE
+    if model.startswith("timm:"):
+        PARAMS.clear()
+        PARAMS.update(model=model[5:], batch=int(os.environ.get("REGIONAL_BATCH", 8)),
+                      dtype=os.environ.get("REGIONAL_DTYPE", "bfloat16"))  # fmt: skip
+        CASE = f"{model[5:]} b{PARAMS['batch']} {PARAMS['dtype']} {device()}"
+
+
 def build() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
+    if "model" in PARAMS:
+        import timm
+
+        dtype = getattr(torch, PARAMS["dtype"])
+        model = timm.create_model(PARAMS["model"], pretrained=False).eval().to(device(), dtype)
+        return model, torch.randn(PARAMS["batch"], 3, 224, 224, device=device(), dtype=dtype)
     side = 16 * int(PARAMS["tokens"] ** 0.5)
     model = ViT(PARAMS["dim"], PARAMS["heads"], PARAMS["depth"], PARAMS["tokens"]).eval()
     return model, torch.randn(PARAMS["batch"], 3, side, side)
@@ -99,25 +129,35 @@ def child(variant: str, prewarm: bool) -> dict[str, float]:
     if prewarm:
         t0 = time.perf_counter()
         tiny = torch.compile(lambda a: (a.sin() + 1) @ a)
-        tiny(torch.randn(8, 8))
+        tiny(torch.randn(8, 8, device=device()))
+        sync()
         out["startup_s"] = time.perf_counter() - t0
     model, x = build()
-    before = _shared_objects()
+    before = _built()
     with torch.no_grad():
+        sync()
         t0 = time.perf_counter()
         fn = compiled(variant, model)
         fn(x)
+        sync()
         out["compile_s" if prewarm else "cold_first_call_s"] = time.perf_counter() - t0
     if prewarm:
-        out["cpp_modules"] = float(_shared_objects() - before)
+        out |= {k: float(after - before[k]) for k, after in _built().items()}
     return out
 
 
-def _shared_objects() -> int:
-    """C++ modules Inductor has built into this process's (fresh) cache dir: identical kernel source is built
-    once, so this counts distinct kernels, not kernel calls."""
-    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
-    return sum(name.endswith(".so") for _, _, names in os.walk(root) for name in names) if root else 0
+def _built() -> dict[str, int]:
+    """Modules Inductor built into this process's (fresh) cache dirs: C++ modules (.so) and Triton kernels (.cubin).
+    Identical kernel source is built once, so these count distinct kernels, not kernel calls."""
+
+    def count(var: str, suffix: str) -> int:
+        root = os.environ.get(var, "")
+        return sum(name.endswith(suffix) for _, _, names in os.walk(root) for name in names) if root else 0
+
+    return {
+        "cpp_modules": count("TORCHINDUCTOR_CACHE_DIR", ".so"),
+        "triton_kernels": count("TRITON_CACHE_DIR", ".cubin"),
+    }
 
 
 def run_fresh(variant: str, prewarm: bool) -> dict[str, float]:
@@ -129,7 +169,7 @@ def run_fresh(variant: str, prewarm: bool) -> dict[str, float]:
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
         }
-        cmd = [sys.executable, __file__, "--child", variant] + (["--prewarm"] if prewarm else [])
+        cmd = [sys.executable, __file__, "--child", variant, "--model", MODEL] + (["--prewarm"] if prewarm else [])
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"{variant} child failed:\n{done.stderr[-3000:]}")
@@ -148,7 +188,7 @@ def steady(variants: tuple[str, ...], rounds: int, reps: int) -> dict[str, dict[
         medians: dict[str, list[float]] = {v: [] for v in fns}
         for _ in range(rounds):
             for v, fn in fns.items():
-                medians[v].append(measure(lambda fn=fn: fn(x), device="cpu", warmup=2, reps=reps).median_ms)
+                medians[v].append(measure(lambda fn=fn: fn(x), device=device(), warmup=2, reps=reps).median_ms)
     for v in fns:
         out[v]["median_ms"] = statistics.median(medians[v])
         out[v]["spread_ms"] = max(medians[v]) - min(medians[v])
@@ -162,9 +202,13 @@ def main() -> int:
     parser.add_argument("--no-raw", action="store_true", help="skip the raw cold first call (faster)")
     parser.add_argument("--steady-rounds", type=int, default=7, help="0 skips the steady-state timing")
     parser.add_argument("--steady-reps", type=int, default=15)
+    parser.add_argument("--model", default="small", help="small (default) or timm:NAME, e.g. timm:vit_base_patch16_224")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--prewarm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global MODEL
+    MODEL = args.model
+    configure(MODEL)
     if args.child:
         print(json.dumps(child(args.child, args.prewarm)))
         return 0

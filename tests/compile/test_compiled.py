@@ -227,6 +227,21 @@ def test_it_behaves_like_the_model():
         cm.no_such_thing  # noqa: B018
 
 
+def test_stats_count_each_recompile_once_however_many_cache_entries_it_tried():
+    # The k-th recompile of a function makes Dynamo record one guard failure per cache entry, k in all: four sizes
+    # are three recompiles (1 + 2 + 3 = 6 failures), each with the newest entry's reason.
+    cm = fullgraph.compile(Mlp(), backend="eager", dynamic=False, recompile_limit=16)
+    sizes = (3, 5, 7, 9)
+    for n in sizes:
+        cm(torch.randn(n, 8))
+    st = cm.stats
+    assert st.frames_compiled == len(sizes) and len(st.recompiles) == len(sizes) - 1
+    for previous, rec in zip(sizes[:-1], st.recompiles, strict=True):
+        assert f"expected {previous}," in rec.reason, rec.reason
+    cm(torch.randn(5, 8))  # a cache hit: no recompile
+    assert len(cm.stats.recompiles) == len(sizes) - 1
+
+
 def test_to_recompiles_on_the_next_call():
     model = Mlp()
     cm = fullgraph.compile(model, backend="eager", strict_recompiles=True)

@@ -11,6 +11,7 @@ import sys
 import types
 
 from fullgraph.compile.compiled import CompiledModel, CompileFallbackWarning, StrictRecompileError, compile
+from fullgraph.compile.dynamic import Bucketed, declare_dynamic
 from fullgraph.compile.options import Resolved, resolve
 from fullgraph.compile.plan import PlannedPart, PlanResult, apply_plan, check_plan
 from fullgraph.compile.presets import MODES, PRESETS, Preset, get_preset
@@ -19,6 +20,7 @@ from fullgraph.compile.stats import CompileStats, Recompile
 __all__ = [
     "MODES",
     "PRESETS",
+    "Bucketed",
     "CompileFallbackWarning",
     "CompileStats",
     "CompiledModel",
@@ -31,6 +33,7 @@ __all__ = [
     "apply_plan",
     "check_plan",
     "compile",
+    "declare_dynamic",
     "get_preset",
     "resolve",
 ]

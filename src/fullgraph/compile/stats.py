@@ -1,7 +1,7 @@
 """What compiling one model cost, counted around that model's own calls.
 
-Dynamo keeps process-wide counters (frames, graphs, graph breaks, CUDA-graph skips), a per-code-object list of
-guard failures (the recompiles) and compile-time metrics. A `Tracker` reads them before and after each call of a
+Dynamo keeps process-wide counters (frames, graphs, graph breaks, CUDA-graph skips), a record of each frame
+compile (a recompile with its reason) and compile-time metrics. A `Tracker` reads them before and after each call of a
 `CompiledModel` and keeps the difference, so two models compiled in one process each count their own compiles.
 What happens on another thread during a call is counted too (see `fullgraph.compile.compiled` on threads).
 """
@@ -49,16 +49,34 @@ def _counters():
     return counters
 
 
+def _compiles() -> list:
+    """Dynamo's record of each frame compile, oldest first (its last 64): name, file, line, and for a recompile the
+    reason Dynamo logs for it (the newest cache entry's guard failure)."""
+    from torch._dynamo import utils
+
+    return utils.get_compilation_metrics() if hasattr(utils, "get_compilation_metrics") else []
+
+
+def _new_since(records: list, last: object) -> list:
+    if last is None:
+        return records
+    for i in range(len(records) - 1, -1, -1):
+        if records[i] is last:
+            return records[i + 1 :]
+    return records  # `last` left Dynamo's bounded record (or a reset cleared it): all it still has is new
+
+
 def _snapshot() -> tuple:
-    from torch._dynamo.utils import compilation_time_metrics, guard_failures
+    from torch._dynamo.utils import compilation_time_metrics
 
     c = _counters()
+    compiles = _compiles()
     return (
         c["frames"]["ok"],
         c["stats"]["unique_graphs"],
         {**c["unimplemented"], **c["graph_break"]},
         dict(c["resumes"]),
-        {code: len(v) for code, v in guard_failures.items()},
+        compiles[-1] if compiles else None,
         c["inductor"]["cudagraph_skips"],
         len(compilation_time_metrics.get(_COMPILE_TIMER, ())),
     )
@@ -100,12 +118,12 @@ class Tracker:
 
     def end(self) -> CompileStats:
         """Fold what happened since `begin()` into the totals; returns this call's own counts."""
-        from torch._dynamo.utils import compilation_time_metrics, guard_failures
+        from torch._dynamo.utils import compilation_time_metrics
 
         if _activity() == self._activity:  # a cache hit: nothing compiled, nothing to diff
             self._hits += 1
             return _HIT
-        frames0, graphs0, reasons0, resumes0, failures0, skips0, timed0 = self._before
+        frames0, graphs0, reasons0, resumes0, last0, skips0, timed0 = self._before
         self._before = None  # taken again at the next begin()
         c = _counters()
         # Dynamo files a break's reason under "graph_break" or, for some (a branch on a tensor's value in 2.13),
@@ -113,10 +131,12 @@ class Tracker:
         reasons = {**c["unimplemented"], **c["graph_break"]}
         new_reasons = [r.strip().splitlines()[0] for r, n in reasons.items() if n > reasons0.get(r, 0) and r.strip()]
         breaks = sum(1 for r, n in c["resumes"].items() if n > resumes0.get(r, 0))
+        # One record per frame compile; a recompile carries its reason. (Dynamo's guard-failure table would count
+        # one failure per cache entry tried: the k-th recompile of a function adds k.)
         recompiles = tuple(
-            Recompile(code.co_name, code.co_filename, code.co_firstlineno, str(reason).strip())
-            for code, reasons in guard_failures.items()
-            for reason in reasons[failures0.get(code, 0) :]
+            Recompile(m.co_name or "?", m.co_filename or "?", m.co_firstlineno or 0, str(m.recompile_reason).strip())
+            for m in _new_since(_compiles(), last0)
+            if getattr(m, "recompile_reason", None)
         )
         times = compilation_time_metrics.get(_COMPILE_TIMER, [])
         call = CompileStats(
