@@ -47,7 +47,7 @@ from fullgraph.compile import Bucketed, CompiledModel
 from fullgraph.compile.options import dynamo_config_name
 from fullgraph.timing import measure, quantile
 
-PRESETS = ("perception", "dev", "planning", "edge", "fusion")
+PRESETS = tuple(os.environ.get("PRESETS", "perception,dev,planning,edge,fusion").split(","))
 PLAIN_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 BUCKETS = (1, 2, 4, 8, 16, 32)
 BF16 = torch.bfloat16
