@@ -101,7 +101,7 @@ def timed_rounds(fns: dict[str, Callable], xs: dict[str, torch.Tensor], reps: in
     return {n: (statistics.median(m), min(m), max(m)) for n, m in medians.items()}
 
 
-def part_presets(model_name: str, batches: list[int]) -> list:
+def part_presets(model_name: str, batches: list[int], csv: str | None) -> list:
     base, side = build(model_name)
     rows = []
     for batch in batches:
@@ -160,6 +160,8 @@ def part_presets(model_name: str, batches: list[int]) -> list:
                 print(f"perception {p['median_ms']:.3f} ms (rounds {p['round_min_ms']:.3f}-{p['round_max_ms']:.3f})"
                       f" vs best plain {best_plain[1]} {b['median_ms']:.3f} ms "
                       f"(rounds {b['round_min_ms']:.3f}-{b['round_max_ms']:.3f})")  # fmt: skip
+        if csv:  # per batch, so a run stopped by its time limit keeps what it measured
+            append_csv(csv, rows[-sum(1 for r in rows if r.case == f"{model_name} b{batch} bf16") :])
         del fns
         torch._dynamo.reset()
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
@@ -246,15 +248,14 @@ def main() -> int:
     # Plain torch.compile variants share Dynamo's per-code-object cache with the presets' copies: raise the
     # process-wide limit so none of them falls back to eager (each preset still applies its own around its calls).
     setattr(torch._dynamo.config, dynamo_config_name("recompile_limit"), 64)
-    rows = []
     for part in args.parts:
         print(f"=== {part} ({time.strftime('%H:%M:%S')})", flush=True)
         if part == "presets":
-            rows += part_presets(model, [int(b) for b in args.batches.split(",")])
+            part_presets(model, [int(b) for b in args.batches.split(",")], args.csv)
         else:
-            rows += part_bucketed(model)
-    if args.csv:
-        append_csv(args.csv, rows)
+            rows = part_bucketed(model)
+            if args.csv:
+                append_csv(args.csv, rows)
     return 0
 
 

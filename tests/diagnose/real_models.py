@@ -100,7 +100,9 @@ class TinyDetector(nn.Module):
         for image in images:
             out = self.head(self.backbone(image[None]))[0]  # out: [5, H/8, W/8]
             h, w = out.shape[1:]
-            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            ys, xs = torch.meshgrid(
+                torch.arange(h, device=out.device), torch.arange(w, device=out.device), indexing="ij"
+            )
             centers = torch.stack([xs, ys], -1).reshape(-1, 2).to(out.dtype) * self.stride + self.stride / 2
             deltas = out[:4].reshape(4, -1).T  # deltas: [H*W/64, 4]
             sizes = self.stride * deltas[:, 2:].exp()

@@ -172,7 +172,11 @@ def doctor(
             )
         rec_ = cfg.recommend(configs, rec.graph_break_count, module=is_module)
         breakdowns: list[Breakdown] = []
-        if profile and (deadline is None or time.monotonic() < deadline):
+        if profile and deadline is not None and time.monotonic() >= deadline:
+            notes.append(
+                f"--budget {budget:g} s ran out before where the time goes (profiling); raise --budget to see it"
+            )
+        elif profile:
             names = [c.name for c in configs if c.mode == "eager" and c.median_ms][:1]
             names += [rec_.config] if rec_ and rec_.config not in names else []
             say(f"where the time goes: profiling {', '.join(names)}")
