@@ -4,6 +4,8 @@ ending with the fastest configuration within tolerance, printed as code. Writes 
 
 from __future__ import annotations
 
+from fullgraph.cli._args import add_target_args
+
 DEMO = "fullgraph.diagnose.demo:demo"
 
 
@@ -14,21 +16,7 @@ def _listed(values: list[str]) -> list[str]:
 
 def add_parser(sub, name: str, help_text: str) -> None:
     p = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument(
-        "target",
-        nargs="?",
-        default=None,
-        help="package.module:callable or path/file.py:callable "
-        "returning a model, (model, args) or (model, args, kwargs); default: a built-in demo model",
-    )
-    p.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="an input, e.g. 4x3x224x224:fp32; name=SPEC for a keyword input; repeat for several",
-    )
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    add_target_args(p, optional_target="a built-in demo model")
     p.add_argument(
         "--dtype",
         action="append",

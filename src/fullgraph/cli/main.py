@@ -21,6 +21,7 @@ COMMANDS = {
     "bench": ("fullgraph.cli.bench_cmd", "run a benchmark suite and append its rows to a CSV"),
     "lint": ("fullgraph.cli.lint_cmd", "static checks of forward code for graph breaks and recompiles"),
     "doctor": ("fullgraph.cli.doctor_cmd", "find graph breaks and recompiles, time every compile mode, recommend one"),
+    "compile": ("fullgraph.cli.compile_cmd", "try one fullgraph.compile configuration: stats, speed, error, the code"),
 }
 
 
