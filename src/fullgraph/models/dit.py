@@ -1,0 +1,243 @@
+"""A DiT stack (diffusion transformer) built from `fullgraph.ops`, and a plain-PyTorch twin with the same state dict.
+
+Each block (adaLN-Zero, as in DiT, Peebles & Xie 2023, and the video DiTs after it):
+
+    shift1, scale1, gate1, shift2, scale2, gate2 = ada(silu(c))                   # each [B, C]
+    h = modulate(layer_norm(x), shift1, scale1)                                    # LayerNorm without affine
+    q, k, v = qkv(h) -> heads; q, k = rope(rms_norm(q)), rope(rms_norm(k))         # q/k RMSNorm, then RoPE
+    x = gated_residual(x, proj(attention(q, k, v)), gate1)                         # x + gate1 * attn
+    x = gated_residual(x, fc2(gelu_tanh(fc1(modulate(layer_norm(x), shift2, scale2)))), gate2)
+
+and the stack ends with a final adaLN (shift, scale) and a linear layer. RoPE positions are 1-D (token index) or
+video (frames x height x width: the head dim split in three, each part rotated by its axis' index, the layout of
+the open video DiTs). `ada` starts at zero (adaLN-Zero: every block starts as the identity); randomize the weights
+to compare the two forms.
+
+`DiT` uses `fullgraph.ops` (layer_norm, modulate, gated_residual, RMSNorm, apply_rope, attention), so each op's
+policy picks native or kernel; `PlainDiT` writes the same computation with `F.layer_norm`, a rotate-half RoPE and
+SDPA, the way users write it today. Both load each other's state dicts: the comparison in the DiT issue.
+This module imports `ops` only (DESIGN.md, Layers): compile it from outside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fullgraph import ops
+from fullgraph.errors import UsageError
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """A DiT stack's shape. `rope`: "1d" (positions 0..N-1, up to `max_tokens`), "video" (the `grid` of
+    (frames, height, width) tokens, N = their product) or None."""
+
+    dim: int = 384
+    heads: int = 6
+    depth: int = 12
+    mlp_ratio: float = 4.0
+    out_dim: int | None = None  # the final linear's width; default dim
+    rope: str | None = "1d"
+    max_tokens: int = 16384
+    grid: tuple[int, int, int] | None = None
+    rope_base: float = 10000.0
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.dim <= 0 or self.heads <= 0 or self.dim % self.heads:
+            raise UsageError(f"dim ({self.dim}) must be a positive multiple of heads ({self.heads})")
+        if (self.dim // self.heads) % 2:
+            raise UsageError(f"head dim {self.dim // self.heads} must be even for RoPE; change dim or heads")
+        if self.depth < 1:
+            raise UsageError(f"depth must be at least 1, got {self.depth}")
+        if self.rope not in (None, "1d", "video"):
+            raise UsageError(f"rope={self.rope!r}: choose '1d', 'video' or None")
+        if self.rope == "video":
+            if self.grid is None or len(self.grid) != 3 or min(self.grid) < 1:
+                raise UsageError(f"rope='video' needs grid=(frames, height, width) of positive sizes, got {self.grid}")
+            if self.head_dim < 6:
+                raise UsageError(f"rope='video' splits the head dim in three even parts; {self.head_dim} is too small")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def hidden(self) -> int:
+        return int(self.dim * self.mlp_ratio)
+
+
+CONFIGS = {
+    "dit_s": DiTConfig(dim=384, heads=6, depth=12),
+    "dit_b": DiTConfig(dim=768, heads=12, depth=12),
+    "dit_xl": DiTConfig(dim=1152, heads=16, depth=28),
+    "dit_3072": DiTConfig(dim=3072, heads=24, depth=4),  # the DiT issue's measured stack (4 blocks of a 3072 model)
+}
+
+
+def config(name: str, **overrides) -> DiTConfig:
+    """A named config (dit_s, dit_b, dit_xl, dit_3072) with fields replaced, e.g. config("dit_b", depth=2)."""
+    if name not in CONFIGS:
+        raise UsageError(f"unknown DiT config {name!r}; choose one of {', '.join(CONFIGS)}")
+    fields = {f: getattr(CONFIGS[name], f) for f in DiTConfig.__dataclass_fields__}
+    return DiTConfig(**{**fields, **overrides})
+
+
+def video_split(head_dim: int) -> tuple[int, int, int]:
+    """Rotary dims for (frames, height, width): height and width get 2·(D // 6) each, frames the rest (all even)."""
+    hw = 2 * (head_dim // 6)
+    return head_dim - 2 * hw, hw, hw
+
+
+def rope_tables_for(cfg: DiTConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(cos, sin), each [tokens, head_dim / 2], float32: for "1d" the first `max_tokens` positions, for "video"
+    each token of the grid (frames-major), its three axes' angles side by side."""
+    if cfg.rope is None:
+        return None
+    if cfg.rope == "1d":
+        return ops.rope_tables(cfg.max_tokens, cfg.head_dim, cfg.rope_base)
+    frames, height, width = cfg.grid
+    t, h, w = torch.meshgrid(torch.arange(frames), torch.arange(height), torch.arange(width), indexing="ij")
+    cos, sin = [], []
+    for pos, size, rotary in zip((t, h, w), cfg.grid, video_split(cfg.head_dim), strict=True):
+        c, s = ops.rope_tables(size, rotary, cfg.rope_base)  # [size, rotary / 2]
+        cos.append(c[pos.reshape(-1)])
+        sin.append(s[pos.reshape(-1)])
+    return torch.cat(cos, -1), torch.cat(sin, -1)  # [F·H·W, head_dim / 2]
+
+
+def _rope_slice(cfg: DiTConfig, cos: torch.Tensor, sin: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    limit = cos.shape[0]
+    if (cfg.rope == "video" and n != limit) or n > limit:
+        want = f"the grid's {limit} tokens {cfg.grid}" if cfg.rope == "video" else f"at most max_tokens={limit}"
+        raise UsageError(f"x has {n} tokens; this DiT's RoPE holds {want}")
+    return cos[:n], sin[:n]
+
+
+class _Base(nn.Module):
+    """Parameters shared by both forms (same names, so state dicts load across), and the RoPE tables."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        tables = rope_tables_for(cfg)
+        self.register_buffer("rope_cos", None if tables is None else tables[0], persistent=False)
+        self.register_buffer("rope_sin", None if tables is None else tables[1], persistent=False)
+
+    def _check(self, x: torch.Tensor, c: torch.Tensor) -> None:
+        if x.ndim != 3 or x.shape[-1] != self.cfg.dim:
+            raise UsageError(f"x must be [B, N, {self.cfg.dim}], got {tuple(x.shape)}")
+        if c.shape != (x.shape[0], self.cfg.dim):
+            raise UsageError(f"c must be [B, C] = [{x.shape[0]}, {self.cfg.dim}], got {tuple(c.shape)}")
+
+    def _rope(self, n: int):
+        if self.rope_cos is None:
+            return None
+        return _rope_slice(self.cfg, self.rope_cos, self.rope_sin, n)
+
+
+def _block_params(block: nn.Module, cfg: DiTConfig, norm) -> None:
+    block.ada = nn.Linear(cfg.dim, 6 * cfg.dim)
+    block.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+    block.q_norm = norm(cfg.head_dim, eps=cfg.eps)
+    block.k_norm = norm(cfg.head_dim, eps=cfg.eps)
+    block.proj = nn.Linear(cfg.dim, cfg.dim)
+    block.fc1 = nn.Linear(cfg.dim, cfg.hidden)
+    block.fc2 = nn.Linear(cfg.hidden, cfg.dim)
+    nn.init.zeros_(block.ada.weight)  # adaLN-Zero
+    nn.init.zeros_(block.ada.bias)
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.heads, self.head_dim, self.eps = cfg.heads, cfg.head_dim, cfg.eps
+        _block_params(self, cfg, ops.RMSNorm)
+
+    def forward(self, x, c, rope=None):
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c)).chunk(6, dim=-1)  # each [B, C]
+        h = ops.modulate(ops.layer_norm(x, eps=self.eps), shift1, scale1)  # h: [B, N, C]
+        q, k, v = self.qkv(h).unflatten(-1, (3, self.heads, self.head_dim)).unbind(2)  # q: [B, N, H, D]
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = ops.apply_rope(q, *rope, layout="bsnd"), ops.apply_rope(k, *rope, layout="bsnd")
+        a = ops.attention(q, k, v, layout="bsnd")  # a: [B, N, H, D]
+        x = ops.gated_residual(x, self.proj(a.flatten(2)), gate1)
+        h = ops.modulate(ops.layer_norm(x, eps=self.eps), shift2, scale2)
+        return ops.gated_residual(x, self.fc2(F.gelu(self.fc1(h), approximate="tanh")), gate2)
+
+
+class PlainDiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.heads, self.head_dim, self.eps = cfg.heads, cfg.head_dim, cfg.eps
+        _block_params(self, cfg, nn.RMSNorm)
+
+    def forward(self, x, c, rope=None):
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c))[:, None].chunk(6, dim=-1)  # [B, 1, C]
+        h = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale1) + shift1
+        q, k, v = self.qkv(h).unflatten(-1, (3, self.heads, self.head_dim)).unbind(2)  # q: [B, N, H, D]
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rotate_half_rope(q, *rope), rotate_half_rope(k, *rope)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # [B, H, N, D]
+        x = x + gate1 * self.proj(a.transpose(1, 2).flatten(2))
+        h = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale2) + shift2
+        return x + gate2 * self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
+
+
+def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The usual RoPE (x·cos + rotate_half(x)·sin) on x [B, N, H, D] with tables [N, D / 2]."""
+    cos = torch.cat((cos, cos), -1)[:, None].to(x.dtype)  # [N, 1, D]
+    sin = torch.cat((sin, sin), -1)[:, None].to(x.dtype)
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-b, a), -1) * sin
+
+
+class _Stack(_Base):
+    block_cls: type[nn.Module]
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList(self.block_cls(cfg) for _ in range(cfg.depth))
+        self.final_ada = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.final = nn.Linear(cfg.dim, cfg.out_dim or cfg.dim)
+        nn.init.zeros_(self.final_ada.weight)
+        nn.init.zeros_(self.final_ada.bias)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """x: tokens [B, N, dim]; c: conditioning [B, dim] (timestep and class embedding, summed)."""
+        self._check(x, c)
+        rope = self._rope(x.shape[1])
+        for block in self.blocks:
+            x = block(x, c, rope)
+        shift, scale = self.final_ada(F.silu(c)).chunk(2, dim=-1)
+        return self.final(self._final_norm(x, shift, scale))
+
+
+class DiT(_Stack):
+    """The stack built from `fullgraph.ops` (each op's policy picks native or kernel)."""
+
+    block_cls = DiTBlock
+
+    def _final_norm(self, x, shift, scale):
+        return ops.modulate(ops.layer_norm(x, eps=self.cfg.eps), shift, scale)
+
+
+class PlainDiT(_Stack):
+    """The same stack in plain PyTorch (`F.layer_norm`, rotate-half RoPE, SDPA); loads `DiT`'s state dict."""
+
+    block_cls = PlainDiTBlock
+
+    def _final_norm(self, x, shift, scale):
+        return F.layer_norm(x, x.shape[-1:], eps=self.cfg.eps) * (1 + scale[:, None]) + shift[:, None]
+
+
+def dit(name: str = "dit_s", plain: bool = False, **overrides) -> nn.Module:
+    """`dit("dit_b", depth=2)`: a DiT (or, with plain=True, its plain-PyTorch twin) from a named config."""
+    cfg = config(name, **overrides)
+    return PlainDiT(cfg) if plain else DiT(cfg)

@@ -1,0 +1,127 @@
+"""fullgraph.models.dit: the ops-built DiT and its plain twin against an fp64 reference, RoPE's relative-position
+property, adaLN-Zero, fullgraph=True tracing, and bad input."""
+
+import pytest
+import torch
+
+from fullgraph.errors import UsageError
+from fullgraph.models import DiT, PlainDiT, dit
+from fullgraph.models.dit import config, rope_tables_for, rotate_half_rope, video_split
+from tests.skips import requires_cuda
+
+SMALL = {"dim": 64, "heads": 4, "depth": 2}
+ROPES = {"1d": {"rope": "1d"}, "video": {"rope": "video", "grid": (2, 3, 5)}, "none": {"rope": None}}
+
+
+def randomized(cfg, seed: int = 0) -> DiT:
+    """adaLN-Zero starts every block as the identity: random weights everywhere make the comparison mean something."""
+    torch.manual_seed(seed)
+    model = DiT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+def twin(model: torch.nn.Module, cls=PlainDiT, dtype=torch.float32) -> torch.nn.Module:
+    other = cls(model.cfg).eval()
+    other.load_state_dict(model.state_dict())
+    return other.to(dtype)
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+def test_ops_form_and_plain_twin_match_an_fp64_reference(rope):
+    cfg = config("dit_s", **SMALL, **ROPES[rope])
+    ours = randomized(cfg, seed=len(rope))
+    plain, ref = twin(ours), twin(ours, dtype=torch.float64)
+    n = 30 if rope == "video" else 37  # the video grid's 2x3x5 tokens; an odd count for the others
+    x, c = torch.randn(3, n, SMALL["dim"]), torch.randn(3, SMALL["dim"])
+    with torch.no_grad():
+        expected = ref(x.double(), c.double())
+        for model in (ours, plain):
+            err = (model(x, c).double() - expected).abs().max() / expected.abs().max()
+            assert err < 1e-5, (type(model).__name__, err.item())
+
+
+def test_state_dicts_have_the_same_keys_and_rope_tables_stay_out():
+    cfg = config("dit_s", **SMALL)
+    ours, plain = DiT(cfg), PlainDiT(cfg)
+    assert ours.state_dict().keys() == plain.state_dict().keys()
+    assert not any("rope" in k for k in ours.state_dict())
+
+
+def test_video_rope_depends_only_on_the_offset_along_each_axis():
+    # RoPE's point: a rotated q·k depends on the positions only through their difference. Two token pairs with the
+    # same (frames, height, width) offset give the same score; a pair with another offset does not.
+    cfg = config("dit_s", dim=96, heads=2, depth=1, rope="video", grid=(3, 4, 5))
+    cos, sin = rope_tables_for(cfg)
+    torch.manual_seed(1)
+    q, k = torch.randn(cfg.head_dim, dtype=torch.float64), torch.randn(cfg.head_dim, dtype=torch.float64)
+    grid = cfg.grid
+
+    def score(pq, pk):
+        index = lambda p: (p[0] * grid[1] + p[1]) * grid[2] + p[2]  # noqa: E731  frames-major, as the tokens are laid out
+        tokens = torch.stack([q, k])[None, :, None]  # [1, 2, 1, D]
+        rows = [index(pq), index(pk)]
+        rotated = rotate_half_rope(tokens, cos[rows].double(), sin[rows].double())[0, :, 0]
+        return (rotated[0] * rotated[1]).sum().item()
+
+    same = score((2, 3, 4), (1, 1, 2)), score((1, 2, 3), (0, 0, 1))  # offset (1, 2, 2) both times
+    assert abs(same[0] - same[1]) < 1e-6 * max(1.0, abs(same[0]))  # the tables are float32
+    assert abs(score((2, 3, 4), (1, 1, 1)) - same[0]) > 1e-3  # another width offset, another score
+    assert sum(video_split(cfg.head_dim)) == cfg.head_dim and all(d % 2 == 0 for d in video_split(cfg.head_dim))
+
+
+def test_adaln_zero_makes_every_block_the_identity_at_init():
+    model = DiT(config("dit_s", **SMALL)).eval()
+    x, c = torch.randn(2, 9, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    with torch.no_grad():
+        for block in model.blocks:
+            assert torch.equal(block(x, c, model._rope(9)), x)
+
+
+@pytest.mark.parametrize("cls", [DiT, PlainDiT])
+def test_traces_as_one_graph_with_fullgraph_true(cls):
+    cfg = config("dit_s", **SMALL, rope="video", grid=(1, 3, 4))
+    model = twin(randomized(cfg), cls=cls)
+    x, c = torch.randn(2, 12, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, c), model(x, c), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("build", "call", "message"),
+    [
+        (lambda: dit("dit_q"), None, "unknown DiT config 'dit_q'"),
+        (lambda: dit("dit_s", dim=66, heads=4), None, "multiple of heads"),
+        (lambda: dit("dit_s", rope="2d"), None, "rope='2d'"),
+        (lambda: dit("dit_s", rope="video"), None, "grid=(frames, height, width)"),
+        (lambda: dit("dit_s", **SMALL), lambda m: m(torch.randn(2, 5, 32), torch.randn(2, 64)), "x must be [B, N, 64]"),
+        (lambda: dit("dit_s", **SMALL), lambda m: m(torch.randn(2, 5, 64), torch.randn(3, 64)), "c must be [B, C]"),
+        (
+            lambda: dit("dit_s", **SMALL, rope="video", grid=(2, 2, 2)),
+            lambda m: m(torch.randn(1, 7, 64), torch.randn(1, 64)),
+            "grid's 8 tokens",
+        ),
+    ],
+)
+def test_bad_shapes_and_configs_are_one_clear_error(build, call, message):
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        model = build()
+        call(model)
+
+
+@requires_cuda
+def test_bf16_on_the_gpu_matches_the_fp32_plain_twin_compiled_and_eager():
+    cfg = config("dit_s", dim=256, heads=4, depth=2, rope="1d")
+    ours = randomized(cfg).cuda().to(torch.bfloat16)
+    ref = twin(ours, dtype=torch.float32).cuda()
+    x, c = torch.randn(2, 77, 256, device="cuda"), torch.randn(2, 256, device="cuda")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = ref(x, c)
+        for fn in (ours, torch.compile(ours, fullgraph=True)):
+            out = fn(x.bfloat16(), c.bfloat16()).float()
+            assert ((out - expected).norm() / expected.norm()).item() < 2e-2

@@ -1,0 +1,41 @@
+"""DESIGN.md's layers: every import between fullgraph's packages points down (read from the source with ast)."""
+
+import ast
+from pathlib import Path
+
+import fullgraph
+
+SRC = Path(fullgraph.__file__).parent
+FLOOR = {"env", "errors", "timing", "_capture", "_paths", "_files", "_version"}
+# What each package may import besides the floor (DESIGN.md, Layers); cli may import anything.
+ALLOWED = {
+    "diagnose": {"compile", "bench", "models", "ops"},
+    "bench": {"models", "ops", "compile", "kernels"},
+    "deploy": {"compile", "ops"},
+    "models": {"ops"},
+    "ops": {"kernels"},
+    "compile": set(),
+    "kernels": set(),
+}
+
+
+def imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):  # function-level imports count too
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            if node.module == "fullgraph":
+                names |= {f"fullgraph.{a.name}" for a in node.names}
+    return {n.split(".")[1] for n in names if n.startswith("fullgraph.") and len(n.split(".")) > 1}
+
+
+def test_every_import_between_packages_points_down():
+    wrong = []
+    for package, allowed in ALLOWED.items():
+        for path in sorted((SRC / package).rglob("*.py")):
+            for target in imported_packages(path) - FLOOR - allowed - {package}:
+                wrong.append(f"{path.relative_to(SRC)} imports fullgraph.{target}")
+    assert not wrong, "\n".join(wrong)
