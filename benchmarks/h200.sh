@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
-#   doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode (default: env tests ceilings ops)
+#   dit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,9 @@ for step in $steps; do
       ;;
     attention)
       $py -m fullgraph bench attention --reps 30 --csv "$OUT/attention_h200.csv" | tee "$OUT/attention_h200.txt"
+      ;;
+    dit)  # issue 13: the DiT stack, ours (auto, kernel, native) against the plain twin, compiled and eager
+      $py -m fullgraph bench dit --reps 30 --breakdown --csv "$OUT/dit_h200.csv" ${DIT_ARGS:-} | tee "$OUT/dit_h200.txt"
       ;;
     doctor)
       $py -m fullgraph doctor benchmarks/targets/vit.py:vit_b16 --input 1x3x224x224:fp32 ${DOCTOR_ARGS:-} \

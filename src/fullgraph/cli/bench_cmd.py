@@ -37,6 +37,18 @@ SUITES = {
             ("--dtype", {"default": "bf16", "choices": ["bf16", "fp16", "fp32"]}),
         ],
     ),
+    "dit": (
+        "fullgraph.bench.suites.dit",
+        "the DiT stack from our ops against its plain-PyTorch twin: compiled (auto, kernel, native) and eager",
+        [
+            ("--tokens", {"help": "token counts, e.g. 1024,4096 (default 1024,4096 on GPU; 64 on CPU)"}),
+            ("--config", {"help": "dit_s, dit_b, dit_xl or dit_3072 (default dit_3072 on GPU, a small one on CPU)"}),
+            ("--depth", {"type": int, "help": "blocks (default: the config's)"}),
+            ("--batch", {"type": int, "default": 1, "help": "batch size (default 1)"}),
+            ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
+            ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, plain and ours compiled"}),
+        ],
+    ),
 }
 
 

@@ -1,0 +1,141 @@
+"""Suite `dit`: the DiT stack built from our ops against its plain-PyTorch twin, compiled and eager, side by side.
+
+Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), six ways:
+plain compiled and eager (`torch.compile(fullgraph=True)`, default mode: what users run), ours compiled with every
+op's policy `auto`, `kernel` and `native`, and ours eager with `auto`. Each variant is called inside its policy
+context (a policy change recompiles: Dynamo guards on it). Latency: the median of ROUNDS interleaved rounds (CUDA
+events, or the CPU clock), with the lowest and highest round median; each compiled variant's ratio to plain
+compiled is the suite's verdict (issue: our ops must never make a compiled model slower). Error: against the plain
+twin in float32. With --breakdown, where the GPU time goes (torch.profiler, kernel classes) for plain compiled and
+ours auto compiled.
+
+Defaults: on a GPU the issue's stack (dim 3072, 24 heads, 4 blocks, bf16, batch 1) at 1024 and 4096 tokens; on the
+CPU a small stack (dim 128, 2 heads, 2 blocks) at 64 tokens, fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+import torch
+
+from fullgraph import ops
+from fullgraph.bench.breakdown import profile_breakdown
+from fullgraph.bench.results import Result, make_rows
+from fullgraph.bench.suites import DTYPES
+from fullgraph.bench.table import format_table
+from fullgraph.env import first_line
+from fullgraph.errors import UsageError
+from fullgraph.models.dit import DiT, PlainDiT, config
+from fullgraph.timing import measure, resolve_device
+
+ROUNDS = 5
+GPU_TOKENS = (1024, 4096)
+CPU_TOKENS = (64,)
+POLICIES = ("auto", "kernel", "native")
+
+
+def parse_tokens(spec: str | None, gpu: bool) -> tuple[int, ...]:
+    if not spec:
+        return GPU_TOKENS if gpu else CPU_TOKENS
+    try:
+        tokens = tuple(int(s) for s in spec.split(",") if s.strip())
+    except ValueError:
+        tokens = ()
+    if not tokens or min(tokens) < 1:
+        raise UsageError(f"--tokens: cannot read {spec!r}; write counts like 1024,4096")
+    return tokens
+
+
+def build(args, gpu: bool, max_tokens: int):
+    name = args.config or ("dit_3072" if gpu else "dit_s")
+    overrides = {} if (args.config or gpu) else {"dim": 128, "heads": 2, "depth": 2}
+    if args.depth:
+        overrides["depth"] = args.depth
+    cfg = config(name, rope="1d", max_tokens=max(max_tokens, 16), **overrides)
+    torch.manual_seed(0)
+    ours = DiT(cfg).eval()
+    with torch.no_grad():
+        for p in ours.parameters():  # adaLN-Zero starts at zero: random weights make the error check mean something
+            p.normal_(0, 0.02)
+    plain = PlainDiT(cfg).eval()
+    plain.load_state_dict(ours.state_dict())
+    return cfg, ours, plain
+
+
+def run(args) -> tuple[list[Result], str]:
+    device = resolve_device(args.device)
+    gpu = device.type == "cuda"
+    dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
+    tokens = parse_tokens(args.tokens, gpu)
+    cfg, ours, plain = build(args, gpu, max(tokens))
+    reference = PlainDiT(cfg).eval().to(device)  # float32: the error reference
+    reference.load_state_dict(plain.state_dict())
+    ours, plain = ours.to(device, dtype), plain.to(device, dtype)
+    torch._dynamo.reset()
+    ours_c = torch.compile(ours, fullgraph=True)
+    plain_c = torch.compile(plain, fullgraph=True)
+    variants = {
+        "plain, compiled": (plain_c, None),
+        **{f"ours {p}, compiled": (ours_c, p) for p in POLICIES},
+        "ours auto, eager": (ours, "auto"),
+        "plain, eager": (plain, None),
+    }
+    rows: list[Result] = []
+    table = []
+    for n in tokens:
+        torch.manual_seed(n)
+        x = torch.randn(args.batch, n, cfg.dim, device=device)
+        c = torch.randn(args.batch, cfg.dim, device=device)
+        xd, cd = x.to(dtype), c.to(dtype)
+        short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        point = f"{cfg.dim}x{cfg.heads}h x{cfg.depth} b{args.batch} n{n} {short}"
+        params = {"dim": cfg.dim, "heads": cfg.heads, "depth": cfg.depth, "batch": args.batch, "tokens": n,
+                  "dtype": str(dtype)[6:]}  # fmt: skip
+
+        def call(fn, pol, xd=xd, cd=cd):
+            ctx = ops.policy(all=pol) if pol else contextlib.nullcontext()
+            with ctx, torch.no_grad():
+                return fn(xd, cd)
+
+        with torch.no_grad():
+            expected = reference(x, c)
+        errors, live = {}, {}
+        for name, (fn, pol) in variants.items():  # first calls compile, one policy at a time
+            try:
+                out = call(fn, pol)
+            except Exception as e:  # e.g. policy "kernel" where no kernel runs (the CPU without TRITON_INTERPRET)
+                reason = first_line(e, 120)
+                try:  # Dynamo hides what the traced code raised ("Observed exception"); the eager call says it
+                    if pol:
+                        call(ours, pol)
+                except Exception as eager_error:
+                    reason = first_line(eager_error, 120)
+                table.append([point, name, None, "", None, None])
+                table.append([point, f"  skipped: {reason}", None, "", None, None])
+                continue
+            live[name] = (fn, pol)
+            errors[name] = ((out.float() - expected).norm() / expected.norm()).item()
+        medians: dict[str, list[float]] = {name: [] for name in live}
+        for _ in range(ROUNDS):
+            for name, (fn, pol) in live.items():
+                t = measure(lambda fn=fn, pol=pol: call(fn, pol), device=device, warmup=2, reps=args.reps)
+                medians[name].append(t.median_ms)
+        base = statistics.median(medians["plain, compiled"])
+        for name, m in medians.items():
+            med = statistics.median(m)
+            metrics = {"median_ms": (med, "ms"), "round_min_ms": (min(m), "ms"), "round_max_ms": (max(m), "ms"),
+                       "over_plain_compiled": (med / base, "x"), "rel_err": (errors[name], "")}  # fmt: skip
+            rows += make_rows("dit", point, name, metrics, params)
+            table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", base / med, errors[name]])
+        if args.breakdown:
+            for name in ("plain, compiled", "ours auto, compiled"):
+                fn, pol = variants[name]
+                b = profile_breakdown(lambda fn=fn, pol=pol: call(fn, pol), device=device, label=name, dtype=dtype)
+                classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
+                table.append([point, f"  {name}: where the time goes", b.kernel_ms, "", None, None])
+                table.append([point, f"    {classes}", None, "", None, None])
+                rows += make_rows("dit", point, name, {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}, params)
+    text = format_table(["point", "variant", "ms", "rounds", "plain compiled / this", "rel err vs fp32"], table)
+    return rows, text
