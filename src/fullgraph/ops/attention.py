@@ -3,7 +3,8 @@
 out = softmax(q·kᵀ · scale + mask) · v per head, scale = 1/sqrt(D) by default; with GQA (Hq a multiple of
 Hkv) query head h reads key/value head h // (Hq / Hkv). `causal=True` lets query i see keys j <= i (SDPA's
 top-left alignment). Every backend is a registered torch op (`attention_backends.py`), so `attention`
-compiles with `fullgraph=True`; which one runs is `backend=`, or "auto" (see that module).
+compiles with `fullgraph=True`; which one runs is the op policy `attention` (native: torch's SDPA, kernel: ours,
+auto: measured, see that module) unless `backend=` pins one.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import math
 import torch
 from torch import nn
 
-from fullgraph.errors import UsageError
+from fullgraph.errors import FullgraphError, UsageError
 from fullgraph.ops import attention_backends as _backends
 from fullgraph.ops.attention_backends import BACKENDS, run_backend, serve_reason, spec_of
 from fullgraph.ops.custom_op import record
 from fullgraph.ops.norms import RMSNorm
+from fullgraph.ops.policies import KNOWN_OPS, Policy, effective
 from fullgraph.ops.rope import RotaryEmbedding, check_layout
 
 __all__ = ["BACKENDS", "Attention", "attention", "attention_choice"]
@@ -25,9 +27,27 @@ __all__ = ["BACKENDS", "Attention", "attention", "attention_choice"]
 _SHAPES = {"bnsd": "[B, H, N, D]", "bsnd": "[B, N, H, D]"}
 
 
-def _check_backend(backend: str) -> None:
-    if backend != "auto" and backend not in BACKENDS:
-        raise UsageError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}, got {backend!r}")
+KNOWN_OPS.add("attention")  # so `policy(attention=...)` and FULLGRAPH_OPS may name it
+
+
+def _check_backend(backend: str | None) -> None:
+    if backend is not None and backend != "auto" and backend not in BACKENDS:
+        names = ", ".join(BACKENDS)
+        raise UsageError(f"backend must be None (the op policy), 'auto' or one of {names}, got {backend!r}")
+
+
+def policy_backend(spec) -> str:
+    """The backend the op policy `attention` picks: native = "sdpa" (torch's own choice, visible to the compiler),
+    kernel = "triton" (ours; an error where it cannot serve), auto = "auto" (measured, see attention_backends)."""
+    pol = effective("attention")
+    if pol == Policy.NATIVE.value:
+        return "sdpa"
+    if pol == Policy.KERNEL.value:
+        why = serve_reason("triton", *spec)
+        if why:
+            raise FullgraphError(f"attention: policy 'kernel' but our kernel cannot serve these inputs: {why}")
+        return "triton"
+    return "auto"
 
 
 def _to_bnsd(q, k, v, layout: str, backend: str):
@@ -113,6 +133,8 @@ def _resolve(q, k, v, attn_mask, causal: bool, scale: float, backend: str) -> st
     """The backend that runs this call, counted in `counters[("attention", "eager"|"compiled", backend)]`."""
     spec = spec_of(q, k, attn_mask, causal)
     compiling = torch.compiler.is_compiling()
+    if backend is None:
+        backend = policy_backend(spec)
     if backend == "auto":
         if compiling:
             backend = _backends.choose_compiled(*spec)
@@ -128,18 +150,20 @@ def _resolve(q, k, v, attn_mask, causal: bool, scale: float, backend: str) -> st
     return backend
 
 
-def attention(q, k, v, *, layout="bnsd", causal=False, scale=None, attn_mask=None, backend="auto") -> torch.Tensor:
+def attention(q, k, v, *, layout="bnsd", causal=False, scale=None, attn_mask=None, backend=None) -> torch.Tensor:
     """Attention over q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D] (layout "bnsd") or [B, N, H, D] ("bsnd").
 
     attn_mask: boolean (True = attend) or additive float, broadcastable to [B, Hq, Nq, Nk]. Returns q's
-    shape in the input layout. An explicit `backend` that cannot serve the inputs raises `UsageError`.
+    shape in the input layout. `backend=None` follows the op policy `attention` (`ops.policy(attention=...)`,
+    `set_policy(all=...)`, FULLGRAPH_OPS: native = "sdpa", kernel = "triton", auto = measured); a backend name
+    pins it, and one that cannot serve the inputs raises `UsageError`.
     """
     qb, kb, vb, attn_mask, causal, scale = _inputs(q, k, v, layout, causal, scale, attn_mask, backend)
     name = _resolve(qb, kb, vb, attn_mask, causal, scale, backend)
     try:
         out = run_backend(name, qb, kb, vb, attn_mask, causal, scale)  # [B, Hq, Nq, D]
     except RuntimeError as e:
-        if backend == "auto" or torch.compiler.is_compiling():
+        if backend in (None, "auto") or torch.compiler.is_compiling():
             raise
         raise UsageError(f"backend {backend!r} refused these inputs ({e}); use another backend or 'auto'") from e
     return out.transpose(1, 2) if layout == "bsnd" else out
@@ -168,7 +192,7 @@ class Attention(nn.Module):
         qk_norm: bool = False,
         rope: RotaryEmbedding | None = None,
         causal: bool = False,
-        backend: str = "auto",
+        backend: str | None = None,
         bias: bool = True,
     ):
         super().__init__()

@@ -6,7 +6,7 @@ contiguous for a "bsnd" caller), except "sdpa-cudnn", which keeps q's memory ord
 "triton" ([B, Hq, Nq, D] contiguous); each op's fake states the real strides. Each is opaque to
 torch.compile (a `custom_op` with a fake), so its body may pin an SDPA sub-backend or import a third-party
 package without breaking the graph; "triton" is `torch.ops.fullgraph.flash_attention`, which Inductor traces
-into on a GPU.
+into on a GPU; "sdpa" is plain `F.scaled_dot_product_attention`, torch's own choice, visible to the compiler.
 
 "auto" keeps the backends that can serve the inputs (the table, then the backend's own runtime refusal),
 times them once per shape bucket on CUDA (`fullgraph.timing.measure`) and caches the winner in
@@ -77,6 +77,9 @@ BACKENDS: dict[str, Capability] = {
     "flash_attn_3": Capability({"cuda": HALF}, max_head_dim=256, mask=NO_MASK, causal_square_only=True),
     "sageattention": Capability({"cuda": HALF}, mask=NO_MASK, causal_square_only=True, gqa="expand", exact=False),
     "triton": Capability({"cuda": FLOATS, "cpu": FLOATS}, max_head_dim=256, mask=NO_MASK, causal_square_only=True),
+    # SDPA as torch chooses, left visible to torch.compile (aten SDPA, which Inductor lowers as plain PyTorch code
+    # gets it): the op policy's "native". Not an "auto" candidate: auto picks among the pinned backends.
+    "sdpa": Capability({"*": FLOATS}),
 }
 # "auto" without timing takes the first servable entry; the interpreter-run "triton" is never preferred on CPU.
 PREFERENCE: dict[str, tuple[str, ...]] = {
@@ -269,6 +272,8 @@ OPS = {
 def run_backend(backend: str, q, k, v, attn_mask, causal: bool, scale: float) -> torch.Tensor:
     """Run one backend's op; in plain eager inference its implementation is called directly (the custom-op
     dispatch layers cost more host time than a short attention kernel takes)."""
+    if backend == "sdpa":  # not an opaque op: torch.compile sees aten SDPA, as in plain PyTorch code
+        return attention_native(q, k, v, attn_mask, causal, scale)
     if backend == "triton":  # ours, registered on import by the kernel module (`serve_reason` imported it)
         from fullgraph.kernels.flash_attention import flash_attention_fwd
 
@@ -342,7 +347,7 @@ def candidates(s: Spec, exact_only: bool = True) -> list[str]:
     """Backends that can serve `s` by the table, in the device's preference order (then the others)."""
     order = PREFERENCE.get(s.device_type, ())
     names = [*order, *(b for b in BACKENDS if b not in order)]
-    return [b for b in names if (BACKENDS[b].exact or not exact_only) and not serve_reason(b, *s)]
+    return [b for b in names if b != "sdpa" and (BACKENDS[b].exact or not exact_only) and not serve_reason(b, *s)]
 
 
 def _cached(s: Spec, key: str) -> str | None:

@@ -2,7 +2,8 @@
 
 Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), six ways:
 plain compiled and eager (`torch.compile(fullgraph=True)`, default mode: what users run), ours compiled with every
-op's policy `auto`, `kernel` and `native`, and ours eager with `auto`. Each variant is called inside its policy
+op's policy `auto`, `kernel` and `native` (attention included: native is torch's SDPA, kernel our Triton
+kernel), and ours eager with `auto`. Each variant is called inside its policy
 context (a policy change recompiles: Dynamo guards on it). Latency: the median of ROUNDS interleaved rounds (CUDA
 events, or the CPU clock), with the lowest and highest round median; each compiled variant's ratio to plain
 compiled is the suite's verdict (issue: our ops must never make a compiled model slower). Error: against the plain
