@@ -1,20 +1,23 @@
-"""What "auto" runs inside a compiled graph, per op: the faster of our kernel and Inductor's code for the
-native form, as measured by `fullgraph bench ops` on an H200 (benchmarks/results/ops_h200.csv, summarized
-in docs/ops-benchmark.md).
+"""What "auto" runs inside a compiled graph, per op: our kernel only where an in-graph measurement shows it
+beating Inductor's code for the native form; the native form everywhere else (the safe choice: Inductor fuses
+it into its neighbours, and a GPU nobody has measured gets what plain PyTorch gets).
 
-- rms_norm: kernel 8% and 20% faster at 16384x4096 and 4096x3072, 4% slower at 65536x128 -> kernel.
-- layer_norm: kernel faster at every shape (up to 17%) -> kernel.
-- rope: kernel 15-20% faster on long rows (44% interleaved), equal at 65536x128 -> kernel.
-- modulate, gated_residual: equal within 3% standalone; pointwise, so inside a real graph Inductor fuses the
-  native form into its neighbours (the norm before it, the projection after it) -> native.
+Standalone timings are not the measure. On an H200 our norm and RoPE kernels beat Inductor alone
+(docs/ops-benchmark.md: layer_norm up to 17%, rms_norm 8-20%, rope 15-20%), yet inside a compiled DiT stack
+(dim 3072, 24 heads, 4 blocks, bf16, torch 2.11; benchmarks/results/dit_inside_a_graph_h200.txt) taking them
+made the model slower: at 1024 tokens plain PyTorch 1.882 ms, ours all-native 1.889, ours all-kernel 1.985,
+ours with the kernels for norms and RoPE (this table's former entries) 2.052; at 4096 tokens 7.599, 7.633,
+7.888 and 7.962. An opaque kernel splits the fusion Inductor makes of a norm with the modulation after it.
+So no op takes its kernel in a compiled graph until `fullgraph bench dit` (or a per-pattern in-graph
+benchmark) shows a win; entries here are op -> "kernel" with the measurement that justifies each.
 """
 
 from __future__ import annotations
 
-# op -> "native" | "kernel"
-COMPILED_CHOICE: dict[str, str] = {"rms_norm": "kernel", "layer_norm": "kernel", "rope": "kernel"}
+# op -> "native" | "kernel", each entry with its in-graph measurement (none yet: see the module docstring)
+COMPILED_CHOICE: dict[str, str] = {}
 
 
 def compiled_choice(op: str) -> str:
-    """The implementation recorded as faster in a compiled graph; "native" for ops without a measurement."""
+    """The implementation measured as faster inside a compiled graph; "native" for ops without a measurement."""
     return COMPILED_CHOICE.get(op, "native")
