@@ -112,3 +112,26 @@ def test_call_kernel_uses_the_op_whenever_something_watches(triton_device):
     with FakeTensorMode() as mode, torch.no_grad():
         call_kernel(Spy(), mode.from_tensor(x), mode.from_tensor(w), 1e-6)
     assert calls == ["launcher", "op", "op"]
+
+
+def test_cached_eager_choices_follow_every_policy_change_and_stay_small():
+    from fullgraph.ops import custom_op, rms_norm
+
+    x = torch.randn(3, 8)
+    ran = lambda impl: counters[("rms_norm", "eager", impl)]  # noqa: E731
+    runs = env.triton_runs_on("cpu")[0]
+    for _ in range(50):  # each block changes the policy twice: the caches must neither go stale nor grow
+        before = ran("native")
+        with policy(rms_norm="native"):
+            rms_norm(x)
+        assert ran("native") == before + 1
+        if runs:
+            before = ran("kernel")
+            with policy(rms_norm="kernel"):
+                rms_norm(x)
+            assert ran("kernel") == before + 1
+    module = Double()
+    for _ in range(50):
+        with policy(toy_double="native"):
+            torch.testing.assert_close(module(x), x * 2)
+    assert len(custom_op._FUNCTIONAL) <= 4 and len(module._choices) <= 2

@@ -30,13 +30,18 @@ def kernel_runs_on(device_type: str) -> bool:
     return _runs[key]
 
 
+_NATIVE, _KERNEL = Policy.NATIVE.value, Policy.KERNEL.value  # plain strings: an Enum's .value costs a lookup
+_FUNCTIONAL: dict = {}  # the functional forms' eager choices, as CustomOp instances keep theirs
+_VERSION = "policy version"  # the key under which a choice cache keeps the policy version its choices hold for
+
+
 def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool) -> str:
     """ "native" or "kernel" for one call of `op` on `device`."""
     pol = effective(op, instance_policy)
-    if pol == Policy.NATIVE.value:
+    if pol == _NATIVE:
         return "native"
     runs = kernel_runs_on(device.type)
-    if pol == Policy.KERNEL.value:
+    if pol == _KERNEL:
         if not runs:
             why = env.triton_runs_on(device.type)[1]
             raise FullgraphError(f"{op}: policy 'kernel' but no kernel can run on {device.type} ({why})")
@@ -47,14 +52,20 @@ def choose(op: str, instance_policy: str | None, device: torch.device, compiling
 
 
 def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: dict | None = None) -> str:
-    """`choose` for one call, counted in `policy.counters`; eager choices are cached per device in `cache`."""
+    """`choose` for one call, counted in `policy.counters`; eager choices are cached per device and policy state
+    (in `cache`, an instance's, or one shared by the functional forms), so a steady eager call costs a dict lookup."""
     compiling = torch.compiler.is_compiling()
     if compiling:
         impl = choose(op, instance_policy, device, True)
-    elif cache is None:
-        impl = choose(op, instance_policy, device, False)
     else:
-        key = (device.type, version(), instance_policy)
+        if cache is None:
+            cache, key = _FUNCTIONAL, (op, device.type, instance_policy)
+        else:
+            key = (device.type, instance_policy)
+        v = version()
+        if cache.get(_VERSION) != v:  # a policy changed: every cached choice may have (and the cache stays small)
+            cache.clear()
+            cache[_VERSION] = v
         impl = cache.get(key)
         if impl is None:
             impl = cache[key] = choose(op, instance_policy, device, False)

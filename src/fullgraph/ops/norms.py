@@ -7,6 +7,7 @@ Both compute in float32 and return x's dtype. `rms_norm(x, weight, residual=r)` 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fullgraph.kernels._library import call_kernel
@@ -17,8 +18,15 @@ from fullgraph.ops._checks import check_norm_inputs
 from fullgraph.ops.custom_op import CustomOp, run
 
 
+def _same_dtype(x, *params) -> bool:
+    return all(p is None or p.dtype == x.dtype for p in params)
+
+
 def rms_norm_native(x, weight=None, eps: float = 1e-6, residual=None):
     s = x if residual is None else x + residual  # rounded to x's dtype, as the unfused code would store it
+    if _same_dtype(x, weight):  # torch's own op (float32 inside, x's dtype out): one call, what plain code runs
+        y = F.rms_norm(s, s.shape[-1:], weight, eps)
+        return y if residual is None else (y, s)
     x32 = s.float()
     y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
@@ -33,6 +41,8 @@ def rms_norm_kernel(x, weight=None, eps: float = 1e-6, residual=None):
 
 
 def layer_norm_native(x, weight=None, bias=None, eps: float = 1e-5):
+    if _same_dtype(x, weight, bias):  # torch's own op, as above; mixed dtypes take the explicit float32 path
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
     x32 = x.float()
     mean = x32.mean(-1, keepdim=True)
     var = (x32 - mean).pow(2).mean(-1, keepdim=True)
