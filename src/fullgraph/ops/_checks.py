@@ -32,6 +32,24 @@ def check_same_shape(name: str, t: torch.Tensor | None, x: torch.Tensor) -> None
 
 
 def check_norm_inputs(x, weight=None, bias=None, residual=None) -> None:
+    """One pass of plain comparisons on the hot path (eager calls pay for every check); the detailed checks
+    below run only to name what is wrong."""
+    dtype, device = x.dtype, x.device
+    if dtype in FLOAT_DTYPES and x.dim():
+        n = (x.shape[-1],)
+        if (
+            (weight is None or (weight.dtype in FLOAT_DTYPES and weight.device == device and weight.shape == n))
+            and (bias is None or (bias.dtype in FLOAT_DTYPES and bias.device == device and bias.shape == n))
+            and (
+                residual is None
+                or (residual.dtype == dtype and residual.device == device and residual.shape == x.shape)
+            )
+        ):
+            return
+    _explain_norm_inputs(x, weight, bias, residual)
+
+
+def _explain_norm_inputs(x, weight, bias, residual) -> None:
     check_float("x", x)
     if x.dim() == 0:
         raise UsageError("x must have at least one dimension (the normalized one)")

@@ -54,22 +54,22 @@ def choose(op: str, instance_policy: str | None, device: torch.device, compiling
 def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: dict | None = None) -> str:
     """`choose` for one call, counted in `policy.counters`; eager choices are cached per device and policy state
     (in `cache`, an instance's, or one shared by the functional forms), so a steady eager call costs a dict lookup."""
-    compiling = torch.compiler.is_compiling()
-    if compiling:
+    if torch.compiler.is_compiling():
         impl = choose(op, instance_policy, device, True)
+        count_trace(op, impl)
+        return impl
+    if cache is None:
+        cache, key = _FUNCTIONAL, (op, device.type, instance_policy)
     else:
-        if cache is None:
-            cache, key = _FUNCTIONAL, (op, device.type, instance_policy)
-        else:
-            key = (device.type, instance_policy)
-        v = version()
-        if cache.get(_VERSION) != v:  # a policy changed: every cached choice may have (and the cache stays small)
-            cache.clear()
-            cache[_VERSION] = v
-        impl = cache.get(key)
-        if impl is None:
-            impl = cache[key] = choose(op, instance_policy, device, False)
-    record(op, impl, compiling)
+        key = (device.type, instance_policy)
+    v = version()
+    if cache.get(_VERSION) != v:  # a policy changed: every cached choice may have (and the cache stays small)
+        cache.clear()
+        cache[_VERSION] = v
+    impl = cache.get(key)
+    if impl is None:
+        impl = cache[key] = choose(op, instance_policy, device, False)
+    counters[(op, "eager", impl)] += 1  # record()'s eager branch, inline: this runs on every eager call
     return impl
 
 
@@ -129,7 +129,9 @@ class CustomOp(nn.Module):
 
     def forward(self, *args, **kwargs):
         self.check_inputs(*args, **kwargs)
-        impl = dispatch(self.name, self.policy, _first_device(args), self._choices)
+        x = args[0] if args else None
+        device = x.device if isinstance(x, torch.Tensor) else _first_device((*args, *kwargs.values()))
+        impl = dispatch(self.name, self.policy, device, self._choices)
         if impl == "kernel":
             return self.forward_kernel(*args, **kwargs)
         return self.forward_native(*args, **kwargs)
