@@ -73,6 +73,8 @@ def check_gated_residual_inputs(x: torch.Tensor, h: torch.Tensor, gate: torch.Te
 
 def _grouped(x: torch.Tensor, *params: torch.Tensor):
     """x as float32 [G, R, C] and each parameter (all of one shape) as float32 [G, 1, C], to broadcast row-wise."""
+    if x.dim() == 3 and params[0].dim() == 2 and params[0].shape[0] == x.shape[0]:  # the common [B, C]: views only
+        return x.float(), *(p[:, None].float() for p in params)
     n_groups, rows_per_group = groups(x, params[0])
     c = x.shape[-1]
     return x.reshape(n_groups, rows_per_group, c).float(), *(p.reshape(n_groups, 1, c).float() for p in params)
