@@ -161,3 +161,28 @@ def test_compiled_rows_are_built_through_fullgraph_compile():
     built = cfg.build(torch.nn.Linear(4, 4), "default", torch.float32)
     assert isinstance(built, CompiledModel) and built.resolved.mode == "default"
     assert isinstance(cfg.build(torch.nn.Linear(4, 4), "eager", torch.float32), torch.nn.Linear)
+
+
+def test_a_preset_row_is_built_through_its_preset_and_its_call_pasted_reproduces_it():
+    import fullgraph
+    from fullgraph.compile import CompiledModel
+    from fullgraph.compile.choice import read_choice
+
+    configs = [
+        row("eager fp32", 10.0, mode="eager"),
+        row("compile default bf16", 3.0, 1e-2, 4e-2, "default", "bf16"),
+        row("compile perception bf16", 2.0, 1e-2, 4e-2, "perception", "bf16"),
+    ]
+    rec = cfg.recommend(configs)
+    assert rec.config == "compile perception bf16"
+    assert rec.code.startswith('model = fullgraph.compile(model, "perception", dtype=torch.bfloat16)')
+    namespace = {"model": torch.nn.Linear(4, 4), "torch": torch, "fullgraph": fullgraph}
+    exec(rec.code.splitlines()[0], namespace)
+    cm = namespace["model"]
+    assert isinstance(cm, CompiledModel) and cm.resolved == fullgraph.compile.resolve("perception")
+    assert read_choice(rec).preset == "perception"  # preset="auto" reads the same row
+    # within 3% of the fastest, a plain mode is simpler than a preset that sets more than the mode
+    tie = [row("compile reduce-overhead bf16", 2.02, 1e-2, 4e-2, "reduce-overhead", "bf16"), configs[2]]
+    assert cfg.recommend(tie).config == "compile reduce-overhead bf16"
+    built = cfg.build(torch.nn.Linear(4, 4), "fusion", torch.float32)
+    assert isinstance(built, CompiledModel) and built.resolved == fullgraph.compile.resolve("fusion")

@@ -30,8 +30,9 @@ def add_parser(sub, name: str, help_text: str) -> None:
         action="append",
         default=[],
         metavar="M[,M]",
-        help="modes to time, comma-separated or repeated: eager, default, reduce-overhead, "
-        "max-autotune-no-cudagraphs, max-autotune (default: all a GPU can run; eager, default on CPU)",
+        help="modes or fullgraph.compile presets to time, comma-separated or repeated: eager, default, "
+        "reduce-overhead, max-autotune-no-cudagraphs, max-autotune, dev, perception, planning, edge, fusion "
+        "(default: every mode a GPU can run; eager, default on CPU)",
     )
     p.add_argument(
         "--vary",
@@ -65,7 +66,7 @@ def run(args) -> int:
     import torch
 
     from fullgraph.cli.progress import progress_reporter
-    from fullgraph.diagnose.configs import build
+    from fullgraph.diagnose.configs import PRESET_ROWS, build
     from fullgraph.diagnose.demo import DEMO_INPUTS
     from fullgraph.diagnose.doctor import GPU_MODES, VARY, doctor
     from fullgraph.diagnose.summary import print_summary
@@ -79,7 +80,7 @@ def run(args) -> int:
     specs = args.input or (list(DEMO_INPUTS) if args.target is None else [])
     vary = _listed(args.vary) or (["batch"] if args.target is None else [])
     modes = _listed(args.mode)
-    for flag, given, known in (("--mode", modes, GPU_MODES), ("--vary", vary, VARY)):
+    for flag, given, known in (("--mode", modes, GPU_MODES + PRESET_ROWS), ("--vary", vary, VARY)):
         unknown = [m for m in given if m not in known]
         if unknown:
             raise UsageError(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)} (comma-separated)")

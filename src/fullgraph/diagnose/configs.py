@@ -20,6 +20,7 @@ from torch import nn
 
 from fullgraph import env
 from fullgraph.compile.compiled import compile as fullgraph_compile
+from fullgraph.compile.presets import PRESETS
 from fullgraph.diagnose.inputs import Example, flat_tensors
 from fullgraph.diagnose.report import ConfigResult, Recommendation
 from fullgraph.timing import first_call, measure, peak_memory
@@ -27,8 +28,19 @@ from fullgraph.timing import first_call, measure, peak_memory
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 # CUDA graphs need a GPU, and CPU max-autotune spends minutes benchmarking GEMM templates on two cores.
 CPU_MODES = ("eager", "default")
-# Simplest first: a tie goes to the configuration a user has least reason to doubt.
+# fullgraph.compile's presets time as rows too ("compile perception bf16"): each is built through its preset.
+PRESET_ROWS = tuple(PRESETS)
+# Simplest first: a tie goes to the configuration a user has least reason to doubt. A preset ranks just after
+# its own mode (it sets more than the mode does).
 SIMPLICITY = {mode: i for i, mode in enumerate(GPU_MODES)}
+SIMPLICITY.update({name: SIMPLICITY.get(p.mode or "default", 1) + 0.5 for name, p in PRESETS.items()})
+
+
+def mode_of(row: str) -> str:
+    """The torch.compile mode a row runs in: the row's own, or its preset's ("eager" stays "eager")."""
+    return PRESETS[row].mode or "default" if row in PRESETS else row
+
+
 DTYPE_SIMPLICITY = {"fp32": 0, "bf16": 1, "fp16": 2}
 # ||out - ref|| / ||ref|| against eager float32, per dtype the configuration runs in.
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
@@ -116,7 +128,9 @@ def build(model: Callable, mode: str, dtype: torch.dtype) -> Callable:
     if not isinstance(model, nn.Module):
         return model if mode == "eager" else torch.compile(model, mode=mode)
     m = copy.deepcopy(model).to(dtype).eval()
-    return m if mode == "eager" else fullgraph_compile(m, mode=mode)
+    if mode == "eager":
+        return m
+    return fullgraph_compile(m, mode) if mode in PRESETS else fullgraph_compile(m, mode=mode)
 
 
 def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: torch.device) -> None:
@@ -136,6 +150,8 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
         c.fn = call
     except Exception as e:  # a mode that fails to compile or run is a result, not a crash of the doctor
         c.error = env.first_line(e, 300)
+        if c.mode in PRESETS and PRESETS[c.mode].fullgraph and isinstance(e, torch._dynamo.exc.Unsupported):
+            c.error = f"{c.mode} compiles one graph (fullgraph=True), and this model breaks: {c.error}"
 
 
 def time_rounds(cands: Sequence[Candidate], device: torch.device, reps: int, rounds: int = ROUNDS) -> None:
@@ -210,10 +226,11 @@ def _code(pick: ConfigResult, graph_breaks: int, module: bool = True) -> str:
     dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[pick.dtype]
     if pick.mode != "eager" and module:
         cast = "" if pick.dtype == "fp32" else f", dtype={dtype}"
-        return f'model = fullgraph.compile(model, mode="{pick.mode}"{cast})\ny = model(*args, **kwargs)'
+        how = f'"{pick.mode}"' if pick.mode in PRESETS else f'mode="{pick.mode}"'
+        return f"model = fullgraph.compile(model, {how}{cast})\ny = model(*args, **kwargs)"
     cast = "" if pick.dtype == "fp32" else f"model = model.to({dtype})  # and cast floating inputs to {dtype}\n"
     if pick.mode != "eager":
-        call = f'model = torch.compile(model, mode="{pick.mode}")\n'
+        call = f'model = torch.compile(model, mode="{mode_of(pick.mode)}")\n'
     elif graph_breaks:  # compiling did not pay as written: the breaks are the first thing to fix
         call = f"# compiling did not beat eager mode as written: remove its {graph_breaks} graph break(s) first\n"
     else:
@@ -228,13 +245,13 @@ def plan(
     from the seconds a plain compile (Dynamo capture) took on this model."""
     cands = sorted(
         (Candidate(m, d) for d in dtypes for m in modes),
-        key=lambda c: (COST.get(c.mode, 1.0), list(dtypes).index(c.dtype)),
+        key=lambda c: (COST.get(mode_of(c.mode), 1.0), list(dtypes).index(c.dtype)),
     )
     if budget_s is None:
         return cands, []
     kept, skipped, spent = [], [], 0.0
     for c in cands:
-        cost = COST.get(c.mode, 1.0) * max(base_compile_s, 1.0) * 1.5 + 1.0  # compile, checks and timing
+        cost = COST.get(mode_of(c.mode), 1.0) * max(base_compile_s, 1.0) * 1.5 + 1.0  # compile, checks, timing
         if c.mode != "eager" and spent + cost > budget_s:  # eager is the baseline every row is weighed against
             skipped.append(f"{c.name} (about {cost:.0f} s)")
             continue

@@ -28,6 +28,7 @@ from fullgraph.diagnose.inputs import VARY_DIM, Example
 from fullgraph.diagnose.lint_scope import lint_target
 from fullgraph.diagnose.report import Report
 from fullgraph.diagnose.target import unwrap_compiled
+from fullgraph.errors import UsageError
 from fullgraph.timing import cpu_threads_available, pinned_threads
 
 GPU_MODES, CPU_MODES, recommend = cfg.GPU_MODES, cfg.CPU_MODES, cfg.recommend
@@ -55,7 +56,7 @@ def _profile(
         try:
             ceilings = ceilings_for(device, c.dtype)
             module = model if isinstance(model, nn.Module) else None
-            graphs = c.mode in ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
+            graphs = cfg.mode_of(c.mode) in ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
             bd = profile_breakdown(
                 c.fn, device=device, label=c.name, ceilings=ceilings, dtype=c.dtype, model=module, cuda_graphs=graphs
             )
@@ -103,6 +104,12 @@ def doctor(
     if is_module:
         model = model.eval()
     modes = tuple(modes or (GPU_MODES if gpu else CPU_MODES))
+    unknown = [m for m in modes if m not in GPU_MODES and m not in cfg.PRESET_ROWS]
+    if unknown:
+        raise UsageError(f"unknown mode or preset {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(GPU_MODES + cfg.PRESET_ROWS)}")  # fmt: skip
+    if not is_module and any(m in cfg.PRESET_ROWS for m in modes):
+        raise UsageError("presets compile modules (fullgraph.compile); this model is a function: time modes instead")
     default_dtypes = (
         (torch.float32, torch.bfloat16) if gpu and is_module else (example.floating_dtype() or torch.float32,)
     )
