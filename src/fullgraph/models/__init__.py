@@ -3,5 +3,6 @@ models import ops only; compiling is applied from outside)."""
 
 from fullgraph.models.dit import CONFIGS as DIT_CONFIGS
 from fullgraph.models.dit import DiT, DiTConfig, PlainDiT, dit
+from fullgraph.models.nms import BatchedNMS, NMSOutput, nms
 
-__all__ = ["DIT_CONFIGS", "DiT", "DiTConfig", "PlainDiT", "dit"]
+__all__ = ["DIT_CONFIGS", "BatchedNMS", "DiT", "DiTConfig", "NMSOutput", "PlainDiT", "dit", "nms"]
