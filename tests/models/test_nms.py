@@ -119,3 +119,61 @@ def test_under_cuda_graphs_matches_eager():
         out = [t.clone() for t in compiled(boxes, scores, labels)]
     for a, b in zip(out, module(boxes, scores, labels), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def is_greedy_for_some_order(boxes, scores, labels, out, i, iou_threshold, candidates):
+    """With tied scores greedy NMS depends on the order of the ties: the kept set must overlap nowhere within a
+    label, and every candidate left out must be overlapped by a kept box of its label scoring at least as high."""
+    k = int(out.num_kept[i])
+    kept_boxes, kept_scores, kept_labels = out.boxes[i, :k], out.scores[i, :k], out.labels[i, :k]
+    iou = box_iou(kept_boxes.double(), kept_boxes.double())
+    same = kept_labels[:, None] == kept_labels[None, :]
+    assert not ((iou > iou_threshold) & same & ~torch.eye(k, dtype=torch.bool)).any()
+    kept_rows = {tuple(b.tolist()) for b in kept_boxes}
+    for c in candidates:
+        if tuple(boxes[c].tolist()) in kept_rows:
+            continue
+        over = box_iou(boxes[c, None].double(), kept_boxes.double())[0] > iou_threshold
+        assert (over & (kept_labels == labels[c]) & (kept_scores >= scores[c])).any(), f"candidate {c} left out"
+
+
+def test_random_cases_with_empty_images_and_ties():
+    g = torch.Generator().manual_seed(11)
+    for case in range(120):
+        n = int(torch.randint(0, 160, (1,), generator=g))
+        boxes, scores, labels = random_detections(1, max(n, 1), 3, 1000 + case)
+        boxes, scores, labels = boxes[:, :n], scores[:, :n], labels[:, :n]
+        ties = case % 2 == 1
+        if ties:
+            scores = (scores * 5).round() / 5  # five score levels: many ties
+        if case % 10 == 0:
+            scores = scores * 0.05  # an empty image: nothing above the threshold
+        settings = dict(iou_threshold=0.5, score_threshold=0.1, pre_top_k=10_000)
+        out = nms(boxes, scores, labels, **settings, max_kept=300, max_iters=64)
+        assert out.converged.all()
+        if not ties:
+            kept = reference_nms(boxes[0], scores[0], labels[0], **settings)
+            assert int(out.num_kept[0]) == len(kept)
+            assert torch.equal(out.boxes[0, : len(kept)], boxes[0, kept])
+        else:
+            candidates = [c for c in range(n) if scores[0, c] > settings["score_threshold"]]
+            is_greedy_for_some_order(boxes[0], scores[0], labels[0], out, 0, settings["iou_threshold"], candidates)
+
+
+@requires_cuda
+def test_equals_torchvision_batched_nms_on_random_cases():
+    tv = pytest.importorskip("torchvision")
+    for case in range(1000):
+        g = torch.Generator().manual_seed(case)
+        n = int(torch.randint(0, 1000, (1,), generator=g))
+        boxes, scores, labels = random_detections(1, max(n, 1), 4, case, spread=400.0)
+        boxes, scores, labels = (t[:, :n].cuda() for t in (boxes, scores, labels))
+        if case % 50 == 0:
+            scores = scores * 0.05  # empty images
+        out = nms(boxes, scores, labels, iou_threshold=0.5, score_threshold=0.1, pre_top_k=1000, max_kept=1000)
+        keep_mask = scores[0] > 0.1
+        idx = keep_mask.nonzero()[:, 0]
+        ref = idx[tv.ops.batched_nms(boxes[0, idx], scores[0, idx], labels[0, idx], 0.5)]
+        assert out.converged.all()
+        k = int(out.num_kept[0])
+        assert k == len(ref) and torch.equal(out.boxes[0, :k], boxes[0, ref]), case
