@@ -197,3 +197,15 @@ def test_cudagraph_skip_is_captured_with_its_reason():
         for _ in range(3):
             compiled(x)
     assert skips and any("mutat" in s for s in skips), skips
+
+
+def test_each_recompile_counts_once_however_many_cache_entries_it_tried():
+    # Dynamo records one guard failure per cache entry it tried: the k-th recompile of a function adds k. Three
+    # sizes after the first are three recompiles of one cause, not 1 + 2 + 3 = 6.
+    torch._dynamo.reset()
+    compiled = torch.compile(models.Clean(), backend="eager", dynamic=False)
+    with torch.no_grad():  # as capture_recompiles calls it: grad mode is guarded too
+        compiled(torch.randn(2, 16))
+    variants = [("batch", Example.of(torch.randn(n, 16))) for n in (3, 5, 7)]
+    found = dynamo.capture_recompiles(compiled, variants)
+    assert len(found) == 1 and found[0].count == 3, found

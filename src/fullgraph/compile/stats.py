@@ -49,34 +49,44 @@ def _counters():
     return counters
 
 
-def _compiles() -> list:
-    """Dynamo's record of each frame compile, oldest first (its last 64): name, file, line, and for a recompile the
-    reason Dynamo logs for it (the newest cache entry's guard failure)."""
+def compile_records() -> list:
+    """Dynamo's record of each frame compile, oldest first (its last 64): `co_name`, `co_filename`,
+    `co_firstlineno`, and for a recompile `recompile_reason` (the newest cache entry's guard failure, as Dynamo logs
+    it). One record per recompile, where Dynamo's guard-failure table holds one failure per cache entry tried (the
+    k-th recompile of a function adds k)."""
     from torch._dynamo import utils
 
     return utils.get_compilation_metrics() if hasattr(utils, "get_compilation_metrics") else []
 
 
-def _new_since(records: list, last: object) -> list:
-    if last is None:
-        return records
+def last_record() -> object | None:
+    """A marker for `recompiles_since`: the newest compile record now."""
+    records = compile_records()
+    return records[-1] if records else None
+
+
+def recompiles_since(last: object | None) -> list:
+    """The records of the recompiles made after `last` (a `last_record()`), oldest first."""
+    records = compile_records()
+    new = records
     for i in range(len(records) - 1, -1, -1):
         if records[i] is last:
-            return records[i + 1 :]
-    return records  # `last` left Dynamo's bounded record (or a reset cleared it): all it still has is new
+            new = records[i + 1 :]
+            break
+    # else `last` left Dynamo's bounded record (or a reset cleared it): all it still has is new
+    return [m for m in new if getattr(m, "recompile_reason", None)]
 
 
 def _snapshot() -> tuple:
     from torch._dynamo.utils import compilation_time_metrics
 
     c = _counters()
-    compiles = _compiles()
     return (
         c["frames"]["ok"],
         c["stats"]["unique_graphs"],
         {**c["unimplemented"], **c["graph_break"]},
         dict(c["resumes"]),
-        compiles[-1] if compiles else None,
+        last_record(),
         c["inductor"]["cudagraph_skips"],
         len(compilation_time_metrics.get(_COMPILE_TIMER, ())),
     )
@@ -131,12 +141,9 @@ class Tracker:
         reasons = {**c["unimplemented"], **c["graph_break"]}
         new_reasons = [r.strip().splitlines()[0] for r, n in reasons.items() if n > reasons0.get(r, 0) and r.strip()]
         breaks = sum(1 for r, n in c["resumes"].items() if n > resumes0.get(r, 0))
-        # One record per frame compile; a recompile carries its reason. (Dynamo's guard-failure table would count
-        # one failure per cache entry tried: the k-th recompile of a function adds k.)
         recompiles = tuple(
             Recompile(m.co_name or "?", m.co_filename or "?", m.co_firstlineno or 0, str(m.recompile_reason).strip())
-            for m in _new_since(_compiles(), last0)
-            if getattr(m, "recompile_reason", None)
+            for m in recompiles_since(last0)
         )
         times = compilation_time_metrics.get(_COMPILE_TIMER, [])
         call = CompileStats(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fullgraph.compile.options import dynamo_config_name
+from fullgraph.compile.stats import last_record, recompiles_since
 from fullgraph.diagnose.inputs import Example
 from fullgraph.diagnose.report import GraphBreak, Recompile
 
@@ -190,7 +191,7 @@ def capture_breaks(model: Callable, example: Example) -> tuple[Recorder, Callabl
     step) are kept in `rec.first_call_failures` for `first_call_recompiles`."""
     rec = Recorder()
     compiled = torch.compile(model, backend=rec)
-    before = _failures_snapshot()
+    before = last_record()
     with torch.no_grad(), quiet_dynamo(), _collecting(_BREAK_LOG, propagate=False) as logged:
         example.call(compiled)
     rec.recording = False
@@ -224,16 +225,10 @@ def quiet_dynamo():
         logger.setLevel(level)
 
 
-def _failures_snapshot() -> dict:
-    from torch._dynamo.utils import guard_failures
-
-    return {code: len(v) for code, v in guard_failures.items()}
-
-
-def _new_failures(before: dict) -> list[tuple]:
-    from torch._dynamo.utils import guard_failures
-
-    return [(code, r) for code, v in guard_failures.items() for r in v[before.get(code, 0) :]]
+def _new_failures(before: object | None) -> list[tuple]:
+    """(where, guard failure) of each recompile since `before`: one per recompile (compile.stats.recompiles_since),
+    `where` carrying the recompiled frame's co_name, co_filename and co_firstlineno."""
+    return [(m, m.recompile_reason) for m in recompiles_since(before)]
 
 
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<fn>\w+?)_at_(?P<line>\d+)$")
@@ -251,7 +246,7 @@ def capture_recompiles(compiled: Callable, variants: Sequence[tuple[str, Example
     with one fix, counted, and named after the user's function rather than Dynamo's resume functions."""
     groups: dict[tuple[str, str], Recompile] = {}
     for trigger, example in variants:
-        before = _failures_snapshot()
+        before = last_record()
         with torch.no_grad(), quiet_dynamo():
             example.call(compiled)
         _fold(groups, trigger, _new_failures(before))
