@@ -15,7 +15,7 @@ from fullgraph.kernels.layer_norm import layer_norm_fwd
 from fullgraph.kernels.rms_norm import rms_norm_fwd, rms_norm_residual_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_norm_inputs
-from fullgraph.ops.custom_op import CustomOp, dispatch, run
+from fullgraph.ops.custom_op import CustomOp, run
 
 
 def _same_dtype(x, *params) -> bool:
@@ -88,12 +88,6 @@ class RMSNorm(CustomOp):
     def check_inputs(self, x, residual=None):
         check_norm_inputs(x, self.weight, residual=residual)
 
-    def forward(self, x, residual=None):  # CustomOp.forward, written out: an eager call pays for each Python call
-        check_norm_inputs(x, self.weight, residual=residual)
-        if dispatch(self.name, self.policy, x.device, self._choices) == "kernel":
-            return rms_norm_kernel(x, self.weight, self.eps, residual)
-        return rms_norm_native(x, self.weight, self.eps, residual)
-
     def forward_native(self, x, residual=None):
         return rms_norm_native(x, self.weight, self.eps, residual)
 
@@ -116,12 +110,6 @@ class LayerNorm(CustomOp):
 
     def check_inputs(self, x):
         check_norm_inputs(x, self.weight, self.bias)
-
-    def forward(self, x):  # as RMSNorm.forward
-        check_norm_inputs(x, self.weight, self.bias)
-        if dispatch(self.name, self.policy, x.device, self._choices) == "kernel":
-            return layer_norm_kernel(x, self.weight, self.bias, self.eps)
-        return layer_norm_native(x, self.weight, self.bias, self.eps)
 
     def forward_native(self, x):
         return layer_norm_native(x, self.weight, self.bias, self.eps)
