@@ -39,13 +39,13 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from regional_compile import ViT  # the small model, for a CPU smoke run
+from regional_compile import ViT, device, sync  # the small model (a CPU smoke run) and the device helpers
 
 import fullgraph
 from fullgraph.bench.results import append_csv, make_rows
 from fullgraph.compile import Bucketed, CompiledModel
 from fullgraph.compile.options import dynamo_config_name
-from fullgraph.timing import measure, quantile
+from fullgraph.timing import first_call, quantile, round_medians
 
 PRESETS = tuple(os.environ.get("PRESETS", "perception,dev,planning,edge,fusion").split(","))
 PLAIN_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
@@ -54,15 +54,6 @@ BF16 = torch.bfloat16
 ROUNDS = int(os.environ.get("ROUNDS", 5))
 STREAM = int(os.environ.get("STREAM", 48))
 PASSES = int(os.environ.get("PASSES", 5))
-
-
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def build(model_name: str) -> tuple[torch.nn.Module, int]:
@@ -81,23 +72,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
 
 
-def first_call(fn: Callable, x: torch.Tensor) -> tuple[float, torch.Tensor]:
-    sync()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = fn(x)
-    sync()
-    return time.perf_counter() - t0, out.clone()
-
-
 def timed_rounds(fns: dict[str, Callable], xs: dict[str, torch.Tensor], reps: int) -> dict[str, tuple]:
     """Median of round medians, lowest and highest round median, every variant once per round on its input."""
-    medians: dict[str, list[float]] = {name: [] for name in fns}
+    calls = {name: (lambda fn=fn, x=xs[name]: fn(x)) for name, fn in fns.items()}
     with torch.no_grad():
-        for _ in range(ROUNDS):
-            for name, fn in fns.items():
-                t = measure(lambda fn=fn, x=xs[name]: fn(x), device=device(), warmup=3, reps=reps)
-                medians[name].append(t.median_ms)
+        medians = round_medians(calls, device=device(), rounds=ROUNDS, warmup=3, reps=reps)
     return {n: (statistics.median(m), min(m), max(m)) for n, m in medians.items()}
 
 
@@ -124,8 +103,9 @@ def part_presets(model_name: str, batches: list[int], csv: str | None) -> list:
                 m = copy.deepcopy(base)
                 fn = fullgraph.compile(m, preset, dtype=BF16) if preset else torch.compile(m.to(BF16), mode=mode)
                 graphs0 = counters["stats"]["unique_graphs"]
-                seconds, _ = first_call(fn, xb)
-                _, again = first_call(fn, xb)
+                with torch.no_grad():
+                    seconds, _ = first_call(lambda fn=fn, xb=xb: fn(xb), device())
+                    _, again = first_call(lambda fn=fn, xb=xb: fn(xb), device())
                 # 0 graphs: Dynamo ran code compiled for an earlier variant (same code object, same backend).
                 meta = {"order": len(info), "first_call_s": seconds, "rel_err": rel_err(again, ref),
                         "graphs": counters["stats"]["unique_graphs"] - graphs0}  # fmt: skip

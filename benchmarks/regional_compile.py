@@ -41,7 +41,7 @@ from torch import nn
 
 from fullgraph.bench.results import append_csv, make_rows
 from fullgraph.compile.regional import compile_regions
-from fullgraph.timing import measure
+from fullgraph.timing import round_medians
 
 VARIANTS = ("whole", "per-block", "nested")
 PARAMS = {"dim": 192, "heads": 3, "depth": 12, "tokens": 64, "batch": 2, "dtype": "float32"}
@@ -185,10 +185,8 @@ def steady(variants: tuple[str, ...], rounds: int, reps: int) -> dict[str, dict[
         for v in variants:
             fns[v] = compiled(v, copy.deepcopy(model))
             out[v]["max_abs_err"] = (fns[v](x) - expected).abs().max().item()
-        medians: dict[str, list[float]] = {v: [] for v in fns}
-        for _ in range(rounds):
-            for v, fn in fns.items():
-                medians[v].append(measure(lambda fn=fn: fn(x), device=device(), warmup=2, reps=reps).median_ms)
+        calls = {v: (lambda fn=fn: fn(x)) for v, fn in fns.items()}
+        medians = round_medians(calls, device=device(), rounds=rounds, reps=reps)
     for v in fns:
         out[v]["median_ms"] = statistics.median(medians[v])
         out[v]["spread_ms"] = max(medians[v]) - min(medians[v])

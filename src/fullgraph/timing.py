@@ -16,7 +16,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +171,23 @@ def _measure_cuda_graph(call: Callable[[int], Any], device: torch.device, warmup
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def round_medians(
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    device: str | torch.device | None = None,
+    rounds: int = 5,
+    warmup: int = 2,
+    reps: int = 20,
+) -> dict[str, list[float]]:
+    """Time every callable once per round, all of them in turn in each round, so a busy spell slows the variants
+    of its round alike: name -> the median ms of each of its rounds (take their median, min and max)."""
+    medians: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            medians[name].append(measure(fn, device=device, warmup=warmup, reps=reps).median_ms)
+    return medians
 
 
 def first_call(fn: Callable[[], Any], device: str | torch.device | None = None) -> tuple[float, Any]:

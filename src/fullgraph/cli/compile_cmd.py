@@ -114,7 +114,7 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
     return check_buckets(values)
 
 
-def _signature(args, options, dynamic) -> str:
+def _signature(args, options, dynamic, dtype, plan, buckets) -> str:
     """The Python call that reproduces this configuration."""
     parts = [f'"{args.preset}"']
     for flag, value in (("mode", args.mode), ("backend", args.backend)):
@@ -122,14 +122,12 @@ def _signature(args, options, dynamic) -> str:
             parts.append(f'{flag}="{value}"')
     if options:
         parts.append(f"options={options!r}")
-    if args.dtype:
-        from fullgraph.diagnose.target import parse_dtype
-
-        parts.append(f"dtype={parse_dtype(args.dtype)}")
+    if dtype is not None:
+        parts.append(f"dtype={dtype}")
     if dynamic != "preset":
         parts.append(f"dynamic={dynamic!r}")
-    if args.plan:
-        parts.append(f"plan={json.loads(args.plan)!r}")
+    if plan is not None:
+        parts.append(f"plan={plan!r}")
     if args.regional:
         parts.append(f'regional="{args.regional}"')
     if args.recompile_limit is not None:
@@ -137,8 +135,8 @@ def _signature(args, options, dynamic) -> str:
     if args.strict:
         parts.append("strict_recompiles=True")
     call = f"model = fullgraph.compile(model, {', '.join(parts)})"
-    if args.buckets:
-        call += f"\nmodel = fullgraph.compile.Bucketed(model, dim=0, buckets={parse_buckets(args.buckets)!r})"
+    if buckets is not None:
+        call += f"\nmodel = fullgraph.compile.Bucketed(model, dim=0, buckets={buckets!r})"
     return call
 
 
@@ -153,7 +151,7 @@ def run(args) -> int:
     from fullgraph.diagnose.target import load_target, parse_dtype
     from fullgraph.env import first_line
     from fullgraph.errors import FullgraphError, UsageError
-    from fullgraph.timing import measure, resolve_device
+    from fullgraph.timing import resolve_device, round_medians
 
     # What the flags alone can get wrong is checked before the model is loaded; fullgraph.compile checks the rest
     # (preset, options, backend, plan paths) before anything compiles.
@@ -183,7 +181,6 @@ def run(args) -> int:
                 ref = example.call(model)
             except Exception as e:
                 raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
-        eager = model
         cm = fullgraph.compile(  # validates everything; nothing compiles before the first call
             copy.deepcopy(model), args.preset, mode=args.mode, backend=args.backend, options=options, dtype=dtype,
             dynamic=dynamic, plan=plan, regional=args.regional or False, strict_recompiles=args.strict,
@@ -197,14 +194,12 @@ def run(args) -> int:
             out = x.call(served)  # a second call: CUDA graphs record on the first, replay from here
         err = rel_err(out, ref)
         tol = TOLERANCE.get(dtype or example.floating_dtype() or torch.float32, 1e-3)
-        rows = [("eager", eager, example), (f"fullgraph.compile {args.preset}", served, x)]
         say(f"timing eager and compiled in 5 interleaved rounds of {args.reps}")
-        medians: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         with torch.no_grad():
-            for _ in range(5):
-                for name, fn, inputs in rows:
-                    t = measure(lambda fn=fn, inputs=inputs: inputs.call(fn), device=device, warmup=2, reps=args.reps)
-                    medians[name].append(t.median_ms)
+            medians = round_medians(
+                {"eager": lambda: example.call(model), "compiled": lambda: x.call(served)},
+                device=device, reps=args.reps,
+            )  # fmt: skip
         stream = None
         if buckets is not None:
             say(f"serving {args.stream} random sizes in 1..{buckets[-1]} through Bucketed{buckets}")
@@ -223,13 +218,13 @@ def run(args) -> int:
         print(f"  break: {reason}")
     for rec in st.recompiles:
         print(f"  recompile of {rec.function} ({rec.file}:{rec.line}): {rec.reason.splitlines()[0]}")
-    e_ms, c_ms = (statistics.median(medians[name]) for name, _, _ in rows)
+    e_ms, c_ms = statistics.median(medians["eager"]), statistics.median(medians["compiled"])
     print(f"eager {e_ms:.3f} ms, compiled {c_ms:.3f} ms: {e_ms / c_ms:.2f}x (median of 5 interleaved rounds)")
     if stream is not None:
         used = sorted({next(b for b in buckets if b >= n) for n in stream})
         print(f"stream of {len(stream)} sizes ({len(set(stream))} distinct) used buckets {used}: {st.graphs} graphs")
     print(f"error against eager fp32: {err:.2e} (tolerance {tol:g})")
-    print(_signature(args, options, dynamic))
+    print(_signature(args, options, dynamic, dtype, plan, buckets))
     if not err <= tol:
         raise FullgraphError(f"the compiled output is {err:.2e} from eager, past the tolerance {tol:g}")
     return 0

@@ -66,9 +66,9 @@ def run(args) -> int:
     import torch
 
     from fullgraph.cli.progress import progress_reporter
-    from fullgraph.diagnose.configs import PRESET_ROWS, build
+    from fullgraph.diagnose.configs import build, check_modes
     from fullgraph.diagnose.demo import DEMO_INPUTS
-    from fullgraph.diagnose.doctor import GPU_MODES, VARY, doctor
+    from fullgraph.diagnose.doctor import VARY, doctor
     from fullgraph.diagnose.summary import print_summary
     from fullgraph.diagnose.target import load_target, parse_dtype
     from fullgraph.env import first_line
@@ -80,10 +80,10 @@ def run(args) -> int:
     specs = args.input or (list(DEMO_INPUTS) if args.target is None else [])
     vary = _listed(args.vary) or (["batch"] if args.target is None else [])
     modes = _listed(args.mode)
-    for flag, given, known in (("--mode", modes, GPU_MODES + PRESET_ROWS), ("--vary", vary, VARY)):
-        unknown = [m for m in given if m not in known]
-        if unknown:
-            raise UsageError(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)} (comma-separated)")
+    check_modes(modes, flag="--mode")
+    unknown = [m for m in vary if m not in VARY]
+    if unknown:
+        raise UsageError(f"--vary: unknown {', '.join(unknown)}; choose from {', '.join(VARY)} (comma-separated)")
     if args.reps < 1:
         raise UsageError("--reps must be at least 1")
     if args.budget is not None and args.budget <= 0:

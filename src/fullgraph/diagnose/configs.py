@@ -23,6 +23,7 @@ from fullgraph.compile.compiled import compile as fullgraph_compile
 from fullgraph.compile.presets import PRESETS
 from fullgraph.diagnose.inputs import Example, flat_tensors
 from fullgraph.diagnose.report import ConfigResult, Recommendation
+from fullgraph.errors import UsageError
 from fullgraph.timing import first_call, measure, peak_memory
 
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
@@ -34,6 +35,19 @@ PRESET_ROWS = tuple(PRESETS)
 # its own mode (it sets more than the mode does).
 SIMPLICITY = {mode: i for i, mode in enumerate(GPU_MODES)}
 SIMPLICITY.update({name: SIMPLICITY.get(p.mode or "default", 1) + 0.5 for name, p in PRESETS.items()})
+
+
+def check_modes(modes: Sequence[str], flag: str | None = None) -> None:
+    """Every row a mode or a preset, or one error listing them: the CLI's names its `flag` (it checks before
+    loading the model), `doctor`'s serves callers from Python."""
+    unknown = [m for m in modes if m not in GPU_MODES and m not in PRESET_ROWS]
+    if unknown:
+        what = (
+            f"{flag}: unknown {', '.join(unknown)}"
+            if flag
+            else f"unknown mode or preset {', '.join(map(repr, unknown))}"
+        )
+        raise UsageError(f"{what}; choose from {', '.join(GPU_MODES + PRESET_ROWS)} (comma-separated)")
 
 
 def mode_of(row: str) -> str:

@@ -104,10 +104,7 @@ def doctor(
     if is_module:
         model = model.eval()
     modes = tuple(modes or (GPU_MODES if gpu else CPU_MODES))
-    unknown = [m for m in modes if m not in GPU_MODES and m not in cfg.PRESET_ROWS]
-    if unknown:
-        raise UsageError(f"unknown mode or preset {', '.join(map(repr, unknown))}; choose from "
-                         f"{', '.join(GPU_MODES + cfg.PRESET_ROWS)}")  # fmt: skip
+    cfg.check_modes(modes)
     if not is_module and any(m in cfg.PRESET_ROWS for m in modes):
         raise UsageError("presets compile modules (fullgraph.compile); this model is a function: time modes instead")
     default_dtypes = (

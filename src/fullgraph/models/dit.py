@@ -118,28 +118,6 @@ def _rope_slice(cfg: DiTConfig, cos: torch.Tensor, sin: torch.Tensor, n: int) ->
     return cos[:n], sin[:n]
 
 
-class _Base(nn.Module):
-    """Parameters shared by both forms (same names, so state dicts load across), and the RoPE tables."""
-
-    def __init__(self, cfg: DiTConfig):
-        super().__init__()
-        self.cfg = cfg
-        tables = rope_tables_for(cfg)
-        self.register_buffer("rope_cos", None if tables is None else tables[0], persistent=False)
-        self.register_buffer("rope_sin", None if tables is None else tables[1], persistent=False)
-
-    def _check(self, x: torch.Tensor, c: torch.Tensor) -> None:
-        if x.ndim != 3 or x.shape[-1] != self.cfg.dim:
-            raise UsageError(f"x must be [B, N, {self.cfg.dim}], got {tuple(x.shape)}")
-        if c.shape != (x.shape[0], self.cfg.dim):
-            raise UsageError(f"c must be [B, C] = [{x.shape[0]}, {self.cfg.dim}], got {tuple(c.shape)}")
-
-    def _rope(self, n: int):
-        if self.rope_cos is None:
-            return None
-        return _rope_slice(self.cfg, self.rope_cos, self.rope_sin, n)
-
-
 def _block_params(block: nn.Module, cfg: DiTConfig, norm) -> None:
     block.ada = nn.Linear(cfg.dim, 6 * cfg.dim)
     block.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
@@ -198,11 +176,18 @@ def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return x * cos + torch.cat((-b, a), -1) * sin
 
 
-class _Stack(_Base):
+class _Stack(nn.Module):
+    """What both forms share: the parameters (same names, so state dicts load across), the RoPE tables, the checks
+    and the forward; the blocks (`block_cls`) and the final norm (`_final_norm`) are each form's own."""
+
     block_cls: type[nn.Module]
 
     def __init__(self, cfg: DiTConfig):
-        super().__init__(cfg)
+        super().__init__()
+        self.cfg = cfg
+        tables = rope_tables_for(cfg)
+        self.register_buffer("rope_cos", None if tables is None else tables[0], persistent=False)
+        self.register_buffer("rope_sin", None if tables is None else tables[1], persistent=False)
         self.blocks = nn.ModuleList(self.block_cls(cfg) for _ in range(cfg.depth))
         self.final_ada = nn.Linear(cfg.dim, 2 * cfg.dim)
         self.final = nn.Linear(cfg.dim, cfg.out_dim or cfg.dim)
@@ -217,6 +202,17 @@ class _Stack(_Base):
             x = block(x, c, rope)
         shift, scale = self.final_ada(F.silu(c)).chunk(2, dim=-1)
         return self.final(self._final_norm(x, shift, scale))
+
+    def _check(self, x: torch.Tensor, c: torch.Tensor) -> None:
+        if x.ndim != 3 or x.shape[-1] != self.cfg.dim:
+            raise UsageError(f"x must be [B, N, {self.cfg.dim}], got {tuple(x.shape)}")
+        if c.shape != (x.shape[0], self.cfg.dim):
+            raise UsageError(f"c must be [B, C] = [{x.shape[0]}, {self.cfg.dim}], got {tuple(c.shape)}")
+
+    def _rope(self, n: int):
+        if self.rope_cos is None:
+            return None
+        return _rope_slice(self.cfg, self.rope_cos, self.rope_sin, n)
 
 
 class DiT(_Stack):

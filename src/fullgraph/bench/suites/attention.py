@@ -15,9 +15,8 @@ import torch
 from fullgraph.bench.ceilings import measure_ceilings
 from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.roofline import attention_flops, pct_of, tflops
-from fullgraph.bench.suites import DTYPES
+from fullgraph.bench.suites import DTYPES, parse_sizes
 from fullgraph.bench.table import format_table
-from fullgraph.errors import UsageError
 from fullgraph.ops.attention import BACKENDS, attention, attention_choice
 from fullgraph.ops.attention_backends import serve_reason, spec_of
 from fullgraph.timing import measure, resolve_device
@@ -37,13 +36,7 @@ def batch_for(n: int) -> int:
 def parse_seqs(spec: str | None, gpu: bool) -> tuple[int, ...]:
     if not spec:
         return GPU_SEQS if gpu else CPU_SEQS
-    try:
-        seqs = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        raise UsageError(f"--seqs: cannot read {spec!r}; write lengths like 197,1024") from None
-    if not seqs or min(seqs) < 1:
-        raise UsageError(f"--seqs: cannot read {spec!r}; write lengths like 197,1024")
-    return seqs
+    return parse_sizes("--seqs", spec, "lengths like 197,1024")
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -24,12 +24,11 @@ import torch
 from fullgraph import ops
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows
-from fullgraph.bench.suites import DTYPES
+from fullgraph.bench.suites import DTYPES, parse_sizes
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
-from fullgraph.errors import UsageError
 from fullgraph.models.dit import DiT, PlainDiT, config
-from fullgraph.timing import measure, resolve_device
+from fullgraph.timing import resolve_device, round_medians
 
 ROUNDS = 5
 GPU_TOKENS = (1024, 4096)
@@ -40,13 +39,7 @@ POLICIES = ("auto", "kernel", "native")
 def parse_tokens(spec: str | None, gpu: bool) -> tuple[int, ...]:
     if not spec:
         return GPU_TOKENS if gpu else CPU_TOKENS
-    try:
-        tokens = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        tokens = ()
-    if not tokens or min(tokens) < 1:
-        raise UsageError(f"--tokens: cannot read {spec!r}; write counts like 1024,4096")
-    return tokens
+    return parse_sizes("--tokens", spec, "counts like 1024,4096")
 
 
 def build(args, gpu: bool, max_tokens: int):
@@ -118,11 +111,8 @@ def run(args) -> tuple[list[Result], str]:
                 continue
             live[name] = (fn, pol)
             errors[name] = ((out.float() - expected).norm() / expected.norm()).item()
-        medians: dict[str, list[float]] = {name: [] for name in live}
-        for _ in range(ROUNDS):
-            for name, (fn, pol) in live.items():
-                t = measure(lambda fn=fn, pol=pol: call(fn, pol), device=device, warmup=2, reps=args.reps)
-                medians[name].append(t.median_ms)
+        calls = {name: (lambda fn=fn, pol=pol: call(fn, pol)) for name, (fn, pol) in live.items()}
+        medians = round_medians(calls, device=device, rounds=ROUNDS, reps=args.reps)
         base = statistics.median(medians["plain, compiled"])
         for name, m in medians.items():
             med = statistics.median(m)
