@@ -94,6 +94,35 @@ def test_measure_all_interleaves_and_remeasures_noisy_rows():
     assert switches >= cfg.ROUNDS
 
 
+def test_a_noisy_row_is_measured_again_up_to_measures_times_then_marked():
+    """A stall that spoils the first two measurements is forgiven by the third; noise that lasts is marked."""
+    import time
+
+    def row(stalls: int) -> tuple[cfg.Candidate, list[int]]:
+        calls = [0]
+
+        def fn() -> None:
+            calls[0] += 1
+            # the first `stalls` measurements: every other call is 20x slower (p80/p20 far above the threshold)
+            if calls[0] <= stalls * per_measure and calls[0] % 2:
+                time.sleep(0.004)
+            time.sleep(0.0002)
+
+        return cfg.Candidate("eager", torch.float32, fn=fn), calls
+
+    reps = 10
+    per_measure = cfg.ROUNDS * (max(cfg.MIN_PER_ROUND, -(-reps // cfg.ROUNDS)) + 1)  # timed calls + one warm-up
+    passing, n1 = row(stalls=cfg.MEASURES - 1)
+    [r] = cfg.measure_all([passing], torch.device("cpu"), reps=reps)
+    assert not r.noisy and n1[0] == cfg.MEASURES * per_measure
+    lasting, n2 = row(stalls=cfg.MEASURES + 5)
+    [r] = cfg.measure_all([lasting], torch.device("cpu"), reps=reps)
+    assert r.noisy and n2[0] == cfg.MEASURES * per_measure
+    quiet, n3 = row(stalls=0)
+    [r] = cfg.measure_all([quiet], torch.device("cpu"), reps=reps)
+    assert not r.noisy and n3[0] == per_measure  # measured once when nothing was noisy
+
+
 def test_rel_err_never_passes_nan_or_a_mismatch():
     ref = torch.randn(5)
     assert cfg.rel_err(ref.clone(), ref) == 0

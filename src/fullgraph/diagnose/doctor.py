@@ -172,7 +172,8 @@ def doctor(
         if noisy:
             notes.append(
                 f"noisy timings (p80/p20 > {cfg.NOISY_P80_P20} or rounds spread > {cfg.NOISY_SPREAD:.0%}, measured"
-                f" twice): {', '.join(noisy)}; is the machine busy? No recommendation rests on their lead"
+                f" {cfg.MEASURES} times): {', '.join(noisy)}; is the machine busy?"
+                " No recommendation rests on their lead"
             )
         rec_ = cfg.recommend(configs, rec.graph_break_count, module=is_module)
         breakdowns: list[Breakdown] = []
