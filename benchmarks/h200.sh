@@ -57,7 +57,7 @@ for step in $steps; do
         2>&1 | tee "$OUT/compile_bucketed.txt" | grep -v '^  \[' | tail -12
       ;;
     regional)  # issue 12: cold compile in fresh processes, whole vs regional, timm ViT-B/16
-      $py benchmarks/regional_compile.py --model timm:vit_base_patch16_224 --variants ${REGIONAL_VARIANTS:-whole,per-block,nested} --csv "$OUT/regional_compile_h200.csv" \
+      $py benchmarks/regional_compile.py --model timm:vit_base_patch16_224 ${REGIONAL_ARGS:-} --variants ${REGIONAL_VARIANTS:-whole,per-block,nested} --csv "$OUT/regional_compile_h200.csv" \
         2>&1 | tee "$OUT/regional_compile.txt" | tail -30
       ;;
     overhead)

@@ -20,7 +20,10 @@ of the round medians), so load from other processes hits all variants alike.
 On a GPU, `--model timm:vit_base_patch16_224` runs timm's ViT-B/16 (12 blocks; batch REGIONAL_BATCH=8, dtype
 REGIONAL_DTYPE=bfloat16) instead, timed with CUDA events; `triton_kernels` counts the kernels Triton built.
 
-Run: PYTHONPATH=src python benchmarks/regional_compile.py [--model small|timm:NAME] [--csv FILE]
+`--mode reduce-overhead` compiles every variant with CUDA graphs: at small batches the GPU waits on launches,
+so the whole model's single graph and per-block's twelve calls differ by launch overhead, not by kernels.
+
+Run: PYTHONPATH=src python benchmarks/regional_compile.py [--model small|timm:NAME] [--mode MODE] [--csv FILE]
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ VARIANTS = ("whole", "per-block", "nested")
 PARAMS = {"dim": 192, "heads": 3, "depth": 12, "tokens": 64, "batch": 2, "dtype": "float32"}
 CASE = "vit 12x192 64tok b2 fp32"
 MODEL = "small"
+MODE = "default"
 
 
 class Block(nn.Module):
@@ -118,9 +122,11 @@ def build() -> tuple[nn.Module, torch.Tensor]:
 
 
 def compiled(variant: str, model: nn.Module):
+    """`variant` of `model` compiled in torch.compile mode MODE (every variant alike)."""
+    kwargs = {"mode": MODE} if MODE != "default" else {}
     if variant == "whole":
-        return torch.compile(model)
-    return compile_regions(model, mechanism=variant).model
+        return torch.compile(model, **kwargs)
+    return compile_regions(model, mechanism=variant, compile_kwargs=kwargs).model
 
 
 def child(variant: str, prewarm: bool) -> dict[str, float]:
@@ -169,7 +175,8 @@ def run_fresh(variant: str, prewarm: bool) -> dict[str, float]:
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
         }
-        cmd = [sys.executable, __file__, "--child", variant, "--model", MODEL] + (["--prewarm"] if prewarm else [])
+        cmd = [sys.executable, __file__, "--child", variant, "--model", MODEL, "--mode", MODE]
+        cmd += ["--prewarm"] if prewarm else []
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"{variant} child failed:\n{done.stderr[-3000:]}")
@@ -201,12 +208,17 @@ def main() -> int:
     parser.add_argument("--steady-rounds", type=int, default=7, help="0 skips the steady-state timing")
     parser.add_argument("--steady-reps", type=int, default=15)
     parser.add_argument("--model", default="small", help="small (default) or timm:NAME, e.g. timm:vit_base_patch16_224")
+    modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+    parser.add_argument("--mode", default="default", choices=modes, help="every variant's torch.compile mode")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--prewarm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global MODEL
-    MODEL = args.model
+    global MODEL, MODE, CASE
+    MODEL, MODE = args.model, args.mode
     configure(MODEL)
+    if MODE != "default":
+        PARAMS["mode"] = MODE
+        CASE += f" {MODE}"
     if args.child:
         print(json.dumps(child(args.child, args.prewarm)))
         return 0

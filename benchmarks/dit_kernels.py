@@ -1,0 +1,111 @@
+"""Kernel by kernel: where the DiT built from our ops (compiled, policy `native`) spends GPU time that its plain
+twin does not. The `bench dit` breakdown gives kernel classes; this gives each kernel's time per call for the
+plain twin and for variants of ours, side by side, so a gap can be traced to the kernel (and aten op) that makes it.
+
+Variants (same weights, torch.compile(fullgraph=True), default mode):
+  plain           PlainDiT (F.layer_norm, rotate-half RoPE in the input dtype, SDPA)
+  native          DiT with every op's policy native
+  native-lowp     native, but modulate, gated_residual and RoPE computed in the input dtype (as the plain twin does),
+                  to see whether our float32 elementwise math costs anything inside the graph
+
+Run: PYTHONPATH=src python benchmarks/dit_kernels.py [--tokens 1024] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+import torch
+
+from fullgraph import ops
+from fullgraph.bench import breakdown as bd
+from fullgraph.models import dit as _dit  # noqa: F401  (the package exports the function of the same name)
+from fullgraph.timing import round_medians
+
+D = sys.modules["fullgraph.models.dit"]
+
+
+@contextlib.contextmanager
+def low_precision_elementwise():
+    """modulate, gated_residual and RoPE's native forms in the input dtype for the block's duration."""
+    mod, rope = sys.modules["fullgraph.ops.modulation"], sys.modules["fullgraph.ops.rope"]
+    saved = mod.modulate_native, mod.gated_residual_native, rope.rope_native
+
+    def modulate(x, shift, scale):
+        return x * (1 + scale[:, None]) + shift[:, None]
+
+    def gated(x, h, gate):
+        return x + gate[:, None] * h
+
+    def rope_lowp(x, cos, sin, interleaved=False, seq_dim=2):
+        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        if seq_dim == 1:
+            c, s = c[:, None], s[:, None]
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+
+    mod.modulate_native, mod.gated_residual_native, rope.rope_native = modulate, gated, rope_lowp
+    try:
+        yield
+    finally:
+        mod.modulate_native, mod.gated_residual_native, rope.rope_native = saved
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--small", action="store_true", help="a 2-block dim-128 stack (a CPU check of this script)")
+    args = parser.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    small = {"dim": 128, "heads": 2, "depth": 2} if args.small else {}
+    cfg = D.config("dit_3072", rope="1d", max_tokens=args.tokens, **small)
+    torch.manual_seed(0)
+    ours = D.DiT(cfg).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_(0, 0.02)
+    plain = D.PlainDiT(cfg).eval()
+    plain.load_state_dict(ours.state_dict())
+    ours, plain = ours.to(dev, torch.bfloat16), plain.to(dev, torch.bfloat16)
+    x = torch.randn(1, args.tokens, cfg.dim, device=dev, dtype=torch.bfloat16)
+    c = torch.randn(1, cfg.dim, device=dev, dtype=torch.bfloat16)
+    models = {"plain": plain, "native": ours, "native-lowp": ours}
+    fns = {}
+    for name, model in models.items():
+        compiled = torch.compile(model, fullgraph=True)
+
+        def call(compiled=compiled, name=name):
+            with torch.no_grad(), ops.policy(all="native"):
+                if name == "native-lowp":
+                    with low_precision_elementwise():
+                        return compiled(x, c)
+                return compiled(x, c)
+
+        fns[name] = call
+        call()
+    medians = round_medians(fns, device=dev, rounds=5, reps=30)
+    bd.TOP_N = 200
+    tables = {}
+    for name, fn in fns.items():
+        b = bd.profile_breakdown(fn, device=dev, label=name, calls=10, dtype=torch.bfloat16)
+        tables[name] = {(k.name[:90], k.source[:50]): (k.ms * 1e3, k.calls) for k in b.top}
+        print(f"{name:12} median {sorted(medians[name])[2]:.3f} ms; kernel time {b.kernel_ms:.3f} ms; "
+              + ", ".join(f"{cl.name} {cl.ms:.3f}" for cl in b.classes))  # fmt: skip
+    names = list(fns)
+
+    def slowest(k):
+        return -max(t.get(k, (0, 0))[0] for t in tables.values())
+
+    keys = sorted({k for t in tables.values() for k in t}, key=slowest)
+    print(f"\n{'kernel':90} {'source':50} " + " ".join(f"{n + ' us (n)':>18}" for n in names))
+    for k in keys[: args.top]:
+        cells = " ".join(f"{tables[n].get(k, (0, 0))[0]:10.1f} ({tables[n].get(k, (0, 0))[1]:3d})  " for n in names)
+        print(f"{k[0]:90} {k[1]:50} {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
