@@ -20,8 +20,10 @@ of the round medians), so load from other processes hits all variants alike.
 On a GPU, `--model timm:vit_base_patch16_224` runs timm's ViT-B/16 (12 blocks; batch REGIONAL_BATCH=8, dtype
 REGIONAL_DTYPE=bfloat16) instead, timed with CUDA events; `triton_kernels` counts the kernels Triton built.
 
-`--mode reduce-overhead` compiles every variant with CUDA graphs: at small batches the GPU waits on launches,
-so the whole model's single graph and per-block's twelve calls differ by launch overhead, not by kernels.
+`--mode reduce-overhead` runs every variant under CUDA graphs: at small batches the GPU waits on launches, so
+in default mode the whole model's single graph and per-block's twelve calls differ by launch overhead, not by
+kernels. Whole and nested use reduce-overhead's cudagraph trees; per-block compiles its blocks in default mode
+and replays the whole call from one captured graph (fullgraph.compile.graphs.GraphedCall).
 
 Run: PYTHONPATH=src python benchmarks/regional_compile.py [--model small|timm:NAME] [--mode MODE] [--csv FILE]
 """
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fullgraph.bench.results import append_csv, make_rows
+from fullgraph.compile.graphs import GraphedCall
 from fullgraph.compile.regional import compile_regions
 from fullgraph.timing import round_medians
 
@@ -122,10 +125,14 @@ def build() -> tuple[nn.Module, torch.Tensor]:
 
 
 def compiled(variant: str, model: nn.Module):
-    """`variant` of `model` compiled in torch.compile mode MODE (every variant alike)."""
+    """`variant` of `model` compiled in torch.compile mode MODE. Under reduce-overhead, per-block compiles its
+    blocks in default mode and captures the whole call in one CUDA graph (fullgraph.compile.graphs, what
+    `fullgraph.compile(..., regional=True)` does): per-block calls under cudagraph trees overwrite each other."""
     kwargs = {"mode": MODE} if MODE != "default" else {}
     if variant == "whole":
         return torch.compile(model, **kwargs)
+    if variant == "per-block" and MODE == "reduce-overhead":
+        return GraphedCall(compile_regions(model, mechanism=variant).model)
     return compile_regions(model, mechanism=variant, compile_kwargs=kwargs).model
 
 
@@ -205,6 +212,7 @@ def main() -> int:
     parser.add_argument("--csv", help="append long-format result rows here")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--no-raw", action="store_true", help="skip the raw cold first call (faster)")
+    parser.add_argument("--no-cold", action="store_true", help="skip the fresh-process compile times (steady only)")
     parser.add_argument("--steady-rounds", type=int, default=7, help="0 skips the steady-state timing")
     parser.add_argument("--steady-reps", type=int, default=15)
     parser.add_argument("--model", default="small", help="small (default) or timm:NAME, e.g. timm:vit_base_patch16_224")
@@ -224,7 +232,7 @@ def main() -> int:
         return 0
     variants = tuple(args.variants.split(","))
     results: dict[str, dict[str, float]] = {v: {} for v in variants}
-    for v in variants:
+    for v in variants if not args.no_cold else ():
         results[v] |= run_fresh(v, prewarm=True)
         if not args.no_raw:
             results[v] |= run_fresh(v, prewarm=False)

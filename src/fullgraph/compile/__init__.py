@@ -12,6 +12,7 @@ import types
 
 from fullgraph.compile.compiled import CompiledModel, CompileFallbackWarning, StrictRecompileError, compile
 from fullgraph.compile.dynamic import Bucketed, declare_dynamic
+from fullgraph.compile.graphs import CudaGraphSkipWarning, GraphedCall
 from fullgraph.compile.options import Resolved, resolve
 from fullgraph.compile.plan import PlannedPart, PlanResult, apply_plan, check_plan
 from fullgraph.compile.presets import MODES, PRESETS, Preset, get_preset
@@ -24,6 +25,8 @@ __all__ = [
     "CompileFallbackWarning",
     "CompileStats",
     "CompiledModel",
+    "CudaGraphSkipWarning",
+    "GraphedCall",
     "PlanResult",
     "PlannedPart",
     "Preset",

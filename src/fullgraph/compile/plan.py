@@ -28,11 +28,16 @@ counts as a recompile of that code, against one recompile limit).
 **Regional compilation** (`regional=True` or `"per-block"`, `regional="nested"`) is `compile_regions` with the
 resolved preset's compile arguments; the instance attributes it sets are taken off again and, like a plan's,
 put on only around the `CompiledModel`'s calls.
+Per-block regions under a preset with CUDA graphs (`perception`, `mode="reduce-overhead"`) compile their
+blocks without them and capture the whole call in one graph per input signature instead
+(`fullgraph.compile.graphs.GraphedCall`): reduce-overhead's per-function graphs break when one compiled
+block's output feeds the next call of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +47,7 @@ import torch
 from torch import nn
 
 from fullgraph.compile.dynamic import check_dynamic_spec, declare_dynamic
+from fullgraph.compile.graphs import GraphedCall
 from fullgraph.compile.options import Resolved, resolve
 from fullgraph.compile.presets import Preset
 from fullgraph.compile.regional import MECHANISMS, RegionalResult, compile_regions
@@ -115,7 +121,9 @@ class PlanResult:
     def describe(self) -> str:
         """One line per planned path (how it compiles and what it has cost so far), then the rest."""
         if self.regional is not None:
-            return self.regional.describe() + "; the rest of the model runs eagerly" * (self.call is self.model)
+            graphed = f"; {self.call.describe()}" if isinstance(self.call, GraphedCall) else ""
+            eager_rest = "; the rest of the model runs eagerly" * (self.call is self.model)
+            return self.regional.describe() + eager_rest + graphed
         lines = []
         for p in self.parts:
             t = self._trackers.get(p.path)
@@ -237,12 +245,16 @@ def apply_regional(model: nn.Module, resolved: Resolved, mechanism: str) -> Plan
     (installed around calls only). No repeated blocks: a UsageError before anything compiles."""
     if mechanism not in MECHANISMS:
         raise UsageError(f"regional={mechanism!r}: give True, {', '.join(map(repr, MECHANISMS))} or False")
+    graphed = mechanism == "per-block" and bool(resolved.options.get("triton.cudagraphs"))
+    if graphed:  # the blocks compile without CUDA graphs; one graph holds the whole call (compile.graphs)
+        resolved = dataclasses.replace(resolved, options={**resolved.options, "triton.cudagraphs": False})
     result = compile_regions(model, mechanism=mechanism, compile_kwargs=resolved.compile_kwargs())
     name = "_compiled_call_impl" if mechanism == "per-block" else "forward"
     blocks = [model.get_submodule(p) for p in result.compiled_paths]
     swaps = [(b, name, b.__dict__[name]) for b in blocks]
     result.restore()
-    return PlanResult(model, result.model, swaps, regional=result)
+    call = GraphedCall(result.model, name=type(model).__name__) if graphed else result.model
+    return PlanResult(model, call, swaps, regional=result)
 
 
 def build_parts(model: nn.Module, preset: str | Preset, resolved: Resolved, *, plan: Mapping[str, Any] | None,

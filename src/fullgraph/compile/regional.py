@@ -23,7 +23,11 @@ and instances of an inner group that lie inside a chosen block are dropped from 
   graph and the others pass its guards and reuse it (one graph for N blocks, tested with a counting
   backend). On the 2-core CPU, for a 12-block ViT, it cut compile seconds (after the compiler's one-time
   start) 4.0x against whole-model compilation (10.5 s -> 2.6 s; 2.96x in a run under load), at 0.95-0.96x
-  the whole model's steady-state speed (benchmarks/regional_compile.py, results/regional_compile_cpu.csv).
+  the whole model's steady-state speed (benchmarks/regional_compile.py, results/regional_compile_cpu.csv); on
+  the H200, timm's ViT-B/16 3.5-4.7x, at 1.001x the speed at batch 64 and 0.68x at batch 8 (launch-bound: twelve
+  guarded calls). Not under CUDA graphs of its own (refused): reduce-overhead's trees start a new generation
+  per block call and overwrite the previous block's output; `fullgraph.compile` captures the whole call in one
+  graph instead (fullgraph.compile.graphs), 1.005x the whole model's reduce-overhead speed at batch 8.
 - `"nested"`: `torch.compiler.nested_compile_region` wraps the class's `forward` once per group and each
   instance gets that wrapper, with itself as first argument, as an instance `forward`; the whole model is
   then compiled with `torch.compile`, which traces the region once (an `invoke_subgraph`) and reuses it
@@ -194,6 +198,13 @@ def compile_regions(
         raise UsageError(f"{type(model).__name__} has no repeated blocks to compile as regions; compile it whole")
     _check_groups(model, groups)
     kwargs = dict(compile_kwargs or {})
+    cudagraphs = kwargs.get("mode") in ("reduce-overhead", "max-autotune") or (kwargs.get("options") or {}).get(
+        "triton.cudagraphs"
+    )
+    if mechanism == "per-block" and cudagraphs:
+        raise UsageError("per-block regions under CUDA graphs (reduce-overhead) overwrite each other's outputs: "
+                         "compile them without and wrap the model in fullgraph.compile.graphs.GraphedCall, as "
+                         "fullgraph.compile(model, 'perception', regional=True) does")  # fmt: skip
     undo: list[Any] = []
     paths = tuple(p for g in groups for p in g.paths)
     if mechanism == "per-block":
