@@ -1,0 +1,32 @@
+"""Deployment: warm starts from compile-cache artifacts, and AOTInductor packages that load without risking the
+process (DESIGN.md, Layers: this package imports compile, ops and the floor; nothing below imports it).
+
+- `save_cache` / `load_cache`: torch's cache artifacts as one file with the versions, the device, the preset and
+  the inputs they were made for; a file made elsewhere is refused by name. `save_cache_in_child` compiles one model
+  in a child process so that the file holds its artifacts only.
+- `export` / `load`: `torch.export` + AOTInductor into one .pt2 file; `load` checks the file, loads it once in a
+  child process (a crash there becomes a DeployError), and only then here.
+
+Both kinds of file are code (pickles, shared libraries): only files that no one but their owner can write are
+loaded. docs/deploy.md has the details.
+"""
+
+from fullgraph.deploy._common import DeployError, cache_dir, input_signature
+from fullgraph.deploy.cache import CacheMeta, load_cache, read_cache, save_cache, save_cache_in_child
+from fullgraph.deploy.package import LoadedPackage, export, inspect_package, load, probe
+
+__all__ = [
+    "CacheMeta",
+    "DeployError",
+    "LoadedPackage",
+    "cache_dir",
+    "export",
+    "input_signature",
+    "inspect_package",
+    "load",
+    "load_cache",
+    "probe",
+    "read_cache",
+    "save_cache",
+    "save_cache_in_child",
+]

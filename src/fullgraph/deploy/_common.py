@@ -1,0 +1,144 @@
+"""What cache files and packages share: the error they raise, who may have written a file before it is loaded, how
+one is written, and the description of this process that a file is checked against.
+
+Cache artifacts and AOT packages are code: pickles that run when read, and shared libraries that run when loaded.
+So a file is loaded only if no one but its owner can change it, and its owner is this user or root (the rule ssh
+applies to its own files).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Iterable, Mapping
+from typing import Any, BinaryIO
+
+import torch
+from torch.utils import _pytree as pytree
+
+from fullgraph import env
+from fullgraph._paths import display_path
+from fullgraph._version import __version__
+from fullgraph.errors import FullgraphError
+
+
+class DeployError(FullgraphError, RuntimeError):
+    """A cache file or package that cannot be used here; the message names the cause and the fix."""
+
+
+def cache_dir() -> str:
+    """fullgraph's own cache folder: FULLGRAPH_CACHE_DIR, else ~/.cache/fullgraph (as the attention choices)."""
+    return os.environ.get("FULLGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fullgraph")
+
+
+def environment() -> dict[str, str | None]:
+    """What compiled code depends on in this process: versions, and the GPU (name and capability) or "cpu"."""
+    cap = env.cuda_capability()
+    return {
+        "torch": torch.__version__,
+        "triton": env.triton_version(),
+        "fullgraph": __version__,
+        "device": torch.cuda.get_device_name(0) if cap else "cpu",
+        "capability": f"{cap[0]}.{cap[1]}" if cap else None,
+    }
+
+
+def mismatches(saved: Mapping[str, Any], here: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
+    """`"torch 2.11.0 there, 2.13.0 here"` for each key whose values differ."""
+    return [f"{k} {saved.get(k)} there, {here.get(k)} here" for k in keys if saved.get(k) != here.get(k)]
+
+
+def _short_dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def input_signature(args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
+    """The inputs as text, in the CLI's input spec form: ``"4x3x224x224:float32@cpu, 7"``.
+
+    Tensors give shape, dtype and device type; other leaves their repr. Saved beside compiled code so that a
+    file made for other inputs is refused by name rather than recompiled in silence.
+    """
+    leaves = pytree.tree_leaves((tuple(args) if isinstance(args, (tuple, list)) else (args,), dict(kwargs or {})))
+    parts = []
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            parts.append("x".join(map(str, v.shape)) + f":{_short_dtype(v.dtype)}@{v.device.type}")
+        else:
+            parts.append(repr(v))
+    return ", ".join(parts)
+
+
+# ---- trust: who may have written a file we are about to run -----------------------------------------------------
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.getuid(), 0)
+
+
+def _check_file(st: os.stat_result, path: str, what: str) -> None:
+    shown = display_path(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise DeployError(f"{shown} is not a regular file; give the path of a {what} file")
+    if not _trusted_owner(st.st_uid):
+        raise DeployError(
+            f"refusing to load {shown}: it belongs to uid {st.st_uid}, not to you ({os.getuid()}) or root, and "
+            f"a {what} runs code when loaded; check it and copy it to a file of yours"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit)
+        raise DeployError(
+            f"refusing to load {shown}: it is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}), and a {what} "
+            f"runs code when loaded; if you trust its content: chmod go-w {path}"
+        )
+
+
+def _check_folder(path: str, what: str) -> None:
+    """A folder others can write without the sticky bit lets them replace the file between our check and a load."""
+    folder = os.path.dirname(os.path.realpath(path))
+    st = os.stat(folder)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise DeployError(
+            f"refusing to load {display_path(path)}: its folder {display_path(folder)} is writable by other users "
+            f"(mode {stat.S_IMODE(st.st_mode):o}), who could swap the {what}; move it or chmod go-w the folder"
+        )
+
+
+def open_trusted(path: str | os.PathLike, what: str) -> BinaryIO:
+    """Open `path` for reading after checking the opened file (not the name, which could be swapped meanwhile):
+    a regular file, owned by this user or root, writable by no one else, in a folder others cannot write."""
+    path = os.fspath(path)
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+    except FileNotFoundError:
+        raise DeployError(f"{display_path(path)} does not exist; give the path of a {what} file") from None
+    except IsADirectoryError:
+        raise DeployError(f"{display_path(path)} is a folder; give the path of a {what} file") from None
+    try:
+        _check_file(os.fstat(f.fileno()), path, what)
+        _check_folder(path, what)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def write_private(path: str | os.PathLike, chunks: Iterable[bytes]) -> None:
+    """Write `chunks` to `path` whole or not at all (beside it, then renamed over it), with mode 0644 whatever the
+    umask: a file that others can write would be refused by the loader."""
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,355 @@
+"""AOTInductor packages: `export` a model ahead of time into one .pt2 file, `load` it as a callable, safely.
+
+`export` captures the model with `torch.export.export` (dynamic dims declared as in `fullgraph.compile`) and
+builds it with `torch._inductor.aoti_compile_and_package`: a zip holding the generated code, a compiled
+shared library and the weights. `load` never takes the process down:
+
+1. the file is checked before anything in it runs: owned by this user or root and writable by no one else (a
+   package is a shared library: loading it runs its code), a PT2 zip with AOTInductor code in it, built for
+   this machine, this device (CPU, or a GPU of this compute capability) and, when `export` built it, this torch;
+2. a loader can still crash in native code (torch 2.11 on the H200 image: a segmentation fault in
+   `aoti_load_package`), so the package is first loaded in a child process; its verdict is kept per file
+   content (sha256), torch and device in `<fullgraph cache dir>/aoti_probes.json`, so the probe runs once per file;
+3. only a package whose probe passed is loaded here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import linecache
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from fullgraph._files import write_atomic
+from fullgraph._paths import display_path
+from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
+from fullgraph.deploy._common import DeployError, cache_dir, environment, input_signature, open_trusted
+from fullgraph.env import first_line
+from fullgraph.errors import UsageError
+
+PROBE_FILE = "aoti_probes.json"
+PROBE_TIMEOUT_S = 300.0
+# Written into the package (aot_inductor.metadata) by `export`, read back before loading.
+META_PREFIX = "fullgraph_"
+_REBUILD = "export it again on this machine with this torch (fullgraph.deploy.export)"
+
+
+# ---- export ------------------------------------------------------------------------------------------------------
+
+
+def _dynamic_shapes(model: torch.nn.Module, args: tuple, spec: Mapping) -> dict[str, Any]:
+    """fullgraph.compile's dynamic spec ({"x": {0: (1, 32)}}) as torch.export's dynamic_shapes, by argument name."""
+    spec = check_dynamic_spec(spec)
+    try:
+        bound = inspect.signature(model.forward).bind(*args)
+    except TypeError as e:
+        raise UsageError(f"the example inputs do not fit {type(model).__name__}.forward: {e}") from None
+    named = dict(bound.arguments)
+    for path in spec:
+        if _root(path) not in named:
+            raise UsageError(f"dynamic spec names {_root(path)!r}, which is not an input; inputs: {', '.join(named)}")
+    left = dict(spec)
+
+    def leaf(keypath: tuple, value: Any) -> Any:
+        path = _render(keypath)
+        if path not in left or not isinstance(value, torch.Tensor):
+            return None
+        stem, ranges = "".join(c if c.isalnum() else "_" for c in path), left.pop(path)
+        for d in ranges:
+            if not -value.ndim <= d < value.ndim:
+                raise UsageError(f"{path} has {value.ndim} dims, so dim {d} is out of range")
+        return {
+            d % value.ndim: torch.export.Dim(f"{stem}_{d % value.ndim}", min=lo, max=hi)
+            for d, (lo, hi) in ranges.items()
+        }
+
+    shapes = pytree.tree_map_with_path(leaf, named)
+    if left:
+        raise UsageError(f"dynamic spec paths {sorted(left)} do not lead to tensors among the inputs")
+    return shapes
+
+
+def export(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    path: str | os.PathLike,
+    *,
+    dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
+) -> str:
+    """Export `model` for `example_inputs` (a tuple of positional inputs) into an AOTInductor package at `path`
+    (a name ending in .pt2), written whole or not at all; returns the path.
+
+    `dynamic={"x": {0: (1, 32)}}` declares input dims dynamic with their ranges, named as in `fullgraph.compile`;
+    every other dim is fixed at its example size. The package runs on the device the model and inputs are on.
+    The package records the torch and fullgraph versions and the inputs, which `load` checks.
+    """
+    path = os.fspath(path)
+    if not path.endswith(".pt2"):
+        raise UsageError(f"{path!r}: an AOTInductor package's name ends in .pt2 (torch's loader expects it)")
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"export takes an nn.Module, not {type(model).__name__}")
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    shapes = _dynamic_shapes(model, args, dynamic) if dynamic else None
+    try:
+        program = torch.export.export(model, args, dynamic_shapes=shapes)
+    except Exception as e:  # export reports data-dependent control flow, unsupported ops, bad ranges, ...
+        raise DeployError(
+            f"torch.export could not capture {type(model).__name__}{_where(e)}: {first_line(e)}; run "
+            "`fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"
+        ) from e
+    declared = {k: {str(d): list(r) for d, r in v.items()} for k, v in check_dynamic_spec(dynamic or {}).items()}
+    here = environment()
+    meta = {
+        "fullgraph": here["fullgraph"],
+        "torch": here["torch"],
+        "inputs": input_signature(args),
+        "dynamic": json.dumps(declared),
+    }
+    configs = {"aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()}}
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    # Built in a private folder beside `path` under its final name (the archive's inner folder is named after
+    # the file), then renamed into place: a reader never sees half a package.
+    work = tempfile.mkdtemp(prefix=".fullgraph-export-", dir=folder)
+    try:
+        built = torch._inductor.aoti_compile_and_package(
+            program, package_path=os.path.join(work, os.path.basename(path)), inductor_configs=configs
+        )
+        os.chmod(built, 0o644)
+        os.replace(built, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+def _where(e: BaseException) -> str:
+    """` at model.py:42 (`if x.sum() > 0:`)`: the user's line torch.export names under "The following call raised
+    this error", or "" when it names none."""
+    text = str(e)
+    tail = text[text.find("The following call raised this error") :] if "The following call raised" in text else ""
+    found = re.search(r'File "([^"]+)", line (\d+)', tail)
+    if not found:
+        return ""
+    file, line = found.group(1), int(found.group(2))
+    source = linecache.getline(file, line).strip()
+    return f" at {display_path(file)}:{line}" + (f" (`{source}`)" if source else "")
+
+
+# ---- checks before anything runs ----------------------------------------------------------------------------------
+
+
+def _sha256(f) -> str:
+    h = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+    return h.hexdigest()
+
+
+def inspect_package(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
+    """Check a package without running it: who can write it, that it is a PT2 zip with AOTInductor code, and
+    what it was built for. Returns (sha256 of the file, its AOTInductor metadata)."""
+    shown = display_path(path)
+    with open_trusted(path, "AOTInductor package") as f:
+        try:
+            with zipfile.ZipFile(f) as z:
+                names = z.namelist()
+                root = names[0].split("/")[0] if names else ""
+                if f"{root}/archive_format" not in names or z.read(f"{root}/archive_format") != b"pt2":
+                    raise DeployError(f"{shown} is a zip but not a PT2 archive (no archive_format 'pt2'); {_REBUILD}")
+                code = [n for n in names if n.startswith(f"{root}/data/aotinductor/")]
+                if not any(n.endswith((".so", ".cpp")) for n in code):
+                    raise DeployError(
+                        f"{shown} holds no AOTInductor model (nothing under data/aotinductor/); {_REBUILD}"
+                    )
+                metas = [n for n in code if n.endswith("wrapper_metadata.json")]
+                meta = json.loads(z.read(metas[0])) if metas else {}
+                if not isinstance(meta, dict):
+                    raise ValueError(f"metadata is a {type(meta).__name__}, not an object")
+        except (zipfile.BadZipFile, EOFError, ValueError, KeyError, OSError) as e:  # truncated, damaged, bad JSON
+            raise DeployError(
+                f"{shown} is not a readable package ({first_line(e)}): damaged or truncated; {_REBUILD}"
+            ) from None
+        f.seek(0)
+        sha = _sha256(f)
+    _check_target(shown, meta)
+    return sha, meta
+
+
+def _check_target(shown: str, meta: Mapping[str, str]) -> None:
+    """Refuse a package built for another machine, device or torch (its own metadata says which)."""
+    here = environment()
+    wrong = []
+    if meta.get("AOTI_PLATFORM", sys.platform) != sys.platform:
+        wrong.append(f"platform {meta['AOTI_PLATFORM']} there, {sys.platform} here")
+    device = meta.get("AOTI_DEVICE_KEY", "")
+    if device == "cuda":
+        cap = here["capability"]
+        built = meta.get("AOTI_COMPUTE_CAPABILITY", "")
+        if cap is None:
+            wrong.append("a CUDA GPU there, none here")
+        elif built and built != cap.replace(".", ""):
+            wrong.append(f"compute capability {built} there, {cap.replace('.', '')} here")
+    built_torch = meta.get(META_PREFIX + "torch")
+    if built_torch is not None and built_torch != here["torch"]:
+        wrong.append(f"torch {built_torch} there, {here['torch']} here")
+    if wrong:
+        raise DeployError(f"refusing package {shown}: {'; '.join(wrong)}; {_REBUILD}")
+
+
+# ---- the probe: load once in a child process ----------------------------------------------------------------------
+
+_PROBE_CODE = (
+    "import sys, torch, fullgraph.ops; "  # fullgraph.ops registers our custom ops, which a package may call
+    "torch._inductor.aoti_load_package(sys.argv[1], device_index=int(sys.argv[2]))"
+)
+
+
+def _probe_argv(path: str, device_index: int) -> list[str]:
+    """The child that loads the package; faulthandler prints the native stack if it crashes."""
+    return [sys.executable, "-X", "faulthandler", "-c", _PROBE_CODE, path, str(device_index)]
+
+
+def _probe_key(sha: str, device_index: int) -> str:
+    here = environment()
+    return "|".join(map(str, (sha, here["torch"], here["fullgraph"], here["device"], device_index)))
+
+
+def _read_verdicts(file: str) -> dict[str, dict[str, Any]]:
+    try:
+        with open(file, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _exit_text(rc: int) -> str:
+    if rc >= 0:
+        return f"exit {rc}"
+    try:
+        return f"exit {rc}, {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"exit {rc}"
+
+
+def probe(path: str | os.PathLike, *, device_index: int = -1, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+    """Load the package in a child process (once per file content, torch and device: the verdict is cached) and
+    return the verdict: {"ok": bool, "rc": exit code, "detail": the child's last line of output, ...}."""
+    path = os.fspath(path)
+    sha, _ = inspect_package(path)
+    file = os.path.join(cache_dir(), PROBE_FILE)
+    key = _probe_key(sha, device_index)
+    verdict = _read_verdicts(file).get(key)
+    if verdict is not None:
+        return {**verdict, "cached": True}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            _probe_argv(os.path.abspath(path), device_index),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:  # not cached: a slow machine is not a broken package
+        raise DeployError(
+            f"loading {display_path(path)} in a probe process took over {timeout:.0f} s; "
+            "give a larger probe_timeout=, or probe_first=False if you trust the file"
+        ) from None
+    verdict = {
+        "ok": done.returncode == 0,
+        "rc": done.returncode,
+        "detail": _last_words(done.stderr + done.stdout) if done.returncode else "",
+        "seconds": round(time.perf_counter() - start, 2),
+        "path": os.path.abspath(path),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    # A pass or a death by signal belongs to this file here; an exit with a Python error may be the environment's
+    # (a missing module), so it is probed again next time.
+    if done.returncode <= 0:
+        verdicts = _read_verdicts(file)
+        verdicts[key] = verdict
+        with contextlib.suppress(OSError):  # a read-only cache folder costs a probe per load, nothing more
+            write_atomic(file, json.dumps(verdicts, indent=1, sort_keys=True))
+    return {**verdict, "cached": False}
+
+
+def _last_words(output: str) -> str:
+    """What a dead child said last: faulthandler's "Fatal Python error" line and the innermost Python frame under
+    it, else the last line (a Python error's)."""
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if ln.startswith("Fatal Python error"):
+            frame = next((f for f in lines[i + 1 :] if f.startswith("File ")), None)
+            return f"{ln}, in {frame}"[:300] if frame else ln[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+# ---- load ---------------------------------------------------------------------------------------------------------
+
+
+class LoadedPackage:
+    """A loaded AOTInductor package: call it like the exported model (`loaded(x)`)."""
+
+    def __init__(self, path: str, sha256: str, metadata: Mapping[str, str], model: Callable):
+        self.path, self.sha256, self.metadata = path, sha256, dict(metadata)
+        self._model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._model(*args, **kwargs)
+
+    @property
+    def inputs(self) -> str | None:
+        """The example inputs it was exported with (`input_signature`), when `export` built it."""
+        return self.metadata.get(META_PREFIX + "inputs")
+
+    def __repr__(self) -> str:
+        return f"LoadedPackage({display_path(self.path)!r}, inputs={self.inputs!r})"
+
+
+def load(
+    path: str | os.PathLike, *, device_index: int = -1, probe_first: bool = True, probe_timeout: float = PROBE_TIMEOUT_S
+) -> LoadedPackage:
+    """Load an AOTInductor package as a callable, without risking this process.
+
+    The file is checked first (see the module docstring); then, with `probe_first` (the default), it is loaded
+    once in a child process and loaded here only if that worked: a crash there (a segmentation fault in torch's
+    native loader, say) becomes a DeployError naming the exit. The verdict is cached by the file's content, so
+    later loads of the same file skip the probe; one takes `probe_timeout` seconds at most. `device_index` picks
+    the GPU (-1: the current one).
+    Security: a package is a shared library and pickles; only files that no one else can write are loaded.
+    """
+    path = os.fspath(path)
+    shown = display_path(path)
+    sha, meta = inspect_package(path)
+    if probe_first:
+        verdict = probe(path, device_index=device_index, timeout=probe_timeout)
+        if not verdict["ok"]:
+            seen = " (verdict cached from an earlier probe of this file)" if verdict["cached"] else ""
+            how = "crashed" if verdict["rc"] < 0 else "failed in"
+            raise DeployError(
+                f"loading {shown} {how} a probe process ({_exit_text(verdict['rc'])}: {verdict['detail']}){seen}; "
+                f"not loaded here. {_REBUILD}, or use cache artifacts (fullgraph.deploy.save_cache) instead"
+            )
+    import fullgraph.ops  # noqa: F401 - registers our custom ops, which the package may call
+
+    try:
+        model = torch._inductor.aoti_load_package(path, device_index=device_index)
+    except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
+        raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
+    return LoadedPackage(os.path.abspath(path), sha, meta, model)

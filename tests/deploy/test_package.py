@@ -1,0 +1,143 @@
+import json
+import os
+import re
+import signal
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from fullgraph.deploy import DeployError, export, inspect_package, load, package, probe
+from fullgraph.errors import UsageError
+from tests.deploy._models import MLP
+
+CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+
+
+def fake_package(path: Path, **meta) -> Path:
+    """A zip shaped like an AOTInductor package (what inspect_package checks), with no code that could run."""
+    aoti = {"AOTI_DEVICE_KEY": "cpu", "AOTI_PLATFORM": sys.platform, "AOTI_COMPUTE_CAPABILITY": "", **meta}
+    root = path.stem
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{root}/archive_format", "pt2")
+        z.writestr(f"{root}/data/aotinductor/model/abc.wrapper.so", os.urandom(256))
+        z.writestr(f"{root}/data/aotinductor/model/abc.wrapper_metadata.json", json.dumps(aoti))
+    path.chmod(0o644)
+    return path
+
+
+def probe_with(monkeypatch, code: str) -> None:
+    """Make the probe child run `code` instead of loading the package."""
+    monkeypatch.setattr(package, "_probe_argv", lambda path, index: [sys.executable, "-X", "faulthandler", "-c", code])
+
+
+@pytest.mark.slow
+def test_exported_package_with_dynamic_batch_matches_eager_at_three_sizes(tmp_path):
+    model = MLP(dim=24, hidden=40, out=7).eval()
+    path = export(model, (torch.randn(5, 24),), tmp_path / "mlp.pt2", dynamic={"x": {0: (1, 64)}})
+    assert Path(path).stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work folder left behind
+    loaded = load(path)
+    assert loaded.inputs == "5x24:float32@cpu"
+    assert probe(path)["cached"] is True  # load probed it once; the verdict is kept by content
+    with torch.no_grad():
+        for batch in (1, 3, 64):
+            x = torch.randn(batch, 24)
+            torch.testing.assert_close(loaded(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_crashing_probe_is_reported_and_remembered(tmp_path, monkeypatch):
+    path = fake_package(tmp_path / "m.pt2")
+    probe_with(monkeypatch, CRASH)
+    with pytest.raises(DeployError) as e:
+        load(path)
+    msg = str(e.value)
+    assert f"exit -{int(signal.SIGSEGV)}, SIGSEGV" in msg
+    assert "Fatal Python error: Segmentation fault" in msg
+    assert "not loaded here" in msg and "\n" not in msg
+    # The verdict belongs to the file's content: a second load does not probe again (this probe would pass).
+    probe_with(monkeypatch, "pass")
+    with pytest.raises(DeployError, match="verdict cached"):
+        load(path)
+    # Another file (other bytes) gets its own probe.
+    verdict = probe(fake_package(tmp_path / "n.pt2"))
+    assert verdict["ok"] and not verdict["cached"]
+
+
+def test_a_probe_that_fails_with_a_python_error_is_probed_again(tmp_path, monkeypatch):
+    path = fake_package(tmp_path / "m.pt2")
+    probe_with(monkeypatch, "raise SystemExit('no module named foo')")
+    with pytest.raises(DeployError, match=r"failed in a probe process \(exit 1: no module named foo\)"):
+        load(path)
+    probe_with(monkeypatch, "pass")
+    verdict = probe(path)  # the environment may be fixed by now: not remembered
+    assert verdict["ok"] and not verdict["cached"]
+    assert probe(path)["cached"]  # a pass is
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"\x7fELF not a zip at all", "not a readable package"),
+        (None, "not a readable package"),  # a real-looking package cut in half
+    ],
+)
+def test_damaged_files_are_refused_before_anything_runs(tmp_path, monkeypatch, content, why):
+    probe_with(monkeypatch, CRASH)  # never reached
+    path = tmp_path / "bad.pt2"
+    if content is None:
+        data = fake_package(tmp_path / "whole.pt2").read_bytes()
+        content = data[: len(data) // 2]
+    path.write_bytes(content)
+    path.chmod(0o644)
+    with pytest.raises(DeployError, match=why):
+        load(path)
+
+
+def test_a_zip_that_is_not_an_aoti_package_is_refused(tmp_path):
+    path = tmp_path / "plain.pt2"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("plain/archive_format", "pt2")
+        z.writestr("plain/data/weights.bin", b"0" * 10)
+    with pytest.raises(DeployError, match="holds no AOTInductor model"):
+        inspect_package(path)
+
+
+def test_packages_built_for_another_torch_or_device_are_refused(tmp_path):
+    with pytest.raises(DeployError, match=re.escape(f"torch 2.0.1 there, {torch.__version__} here")):
+        inspect_package(fake_package(tmp_path / "t.pt2", fullgraph_torch="2.0.1"))
+    with pytest.raises(DeployError, match=r"(a CUDA GPU there, none here|compute capability 10 there)"):
+        inspect_package(fake_package(tmp_path / "g.pt2", AOTI_DEVICE_KEY="cuda", AOTI_COMPUTE_CAPABILITY="10"))
+
+
+def test_a_package_others_can_write_is_refused(tmp_path):
+    path = fake_package(tmp_path / "m.pt2")
+    path.chmod(0o646)
+    with pytest.raises(DeployError, match="writable by others"):
+        load(path)
+
+
+def test_export_explains_data_dependent_control_flow(tmp_path):
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x - 1
+
+    with pytest.raises(DeployError) as e:
+        export(Branchy(), (torch.randn(3),), tmp_path / "b.pt2")
+    msg = str(e.value)
+    assert "torch.export could not capture Branchy at tests/deploy/test_package.py:" in msg
+    assert "(`return x * 2 if x.sum() > 0 else x - 1`)" in msg
+    assert "fullgraph doctor" in msg
+    assert not (tmp_path / "b.pt2").exists()
+
+
+def test_export_checks_its_arguments_before_tracing(tmp_path):
+    model, x = MLP(), torch.randn(2, 8)
+    with pytest.raises(UsageError, match=r"ends in \.pt2"):
+        export(model, (x,), tmp_path / "m.zip")
+    with pytest.raises(UsageError, match="'y', which is not an input; inputs: x"):
+        export(model, (x,), tmp_path / "m.pt2", dynamic={"y": {0: (1, 8)}})
+    with pytest.raises(UsageError, match="x has 2 dims, so dim 2 is out of range"):
+        export(model, (x,), tmp_path / "m.pt2", dynamic={"x": {2: (1, 8)}})
