@@ -3,11 +3,16 @@
 Each of our ops is paired with what a user would call instead (torch's built-in module or function, or the plain
 formula) and the two are timed in alternation, 21 rounds of 1000 calls each; the table gives the median per-call
 time of each and the median of the per-round ratios (the DiT issue's target: at most 1.5x where torch has a
-built-in). Our ops run under policy "auto" (the kernel in eager mode where kernels run), and, where kernels run,
-"native" too. On a GPU inputs are bf16 and every call is followed by nothing (launches are asynchronous: this is
-host time); the device is synchronized once per round.
+built-in). Our ops run under each policy in turn: "auto" (below `measured.EAGER_KERNEL_MIN_NUMEL` the native form,
+so on these inputs the native form), "native" and, where kernels run, "kernel". On a GPU inputs are bf16 and every
+call is followed by nothing (launches are asynchronous: this is host time); the device is synchronized once per
+round.
 
-Run: PYTHONPATH=src python3 benchmarks/eager_overhead.py [--device cpu|cuda]
+`--sizes` then times rms_norm and layer_norm per call at growing sizes, kernel against native, calls back to back:
+per call that is the larger of host and GPU time, so the ratio crosses 1 where the kernel starts to pay in eager
+mode (where `EAGER_KERNEL_MIN_NUMEL` comes from).
+
+Run: PYTHONPATH=src python3 benchmarks/eager_overhead.py [--device cpu|cuda] [--sizes 4x128,1024x3072]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from fullgraph import ops
+from fullgraph.ops import measured
 from fullgraph.ops.custom_op import kernel_runs_on
 
 
@@ -71,24 +77,53 @@ def pairs(device: str, dtype: torch.dtype, policy: str) -> dict[str, tuple]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sizes", default="", help="rows x cols list for the kernel/native sweep, e.g. 4x128,64x3072")
     args = parser.parse_args()
     device = args.device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    policies = ["auto", "native"] if kernel_runs_on(device) else ["auto (native here)"]
+    policies = ["auto", "native", "kernel"] if kernel_runs_on(device) else ["auto (native here)"]
     print(f"{device}, {str(dtype)[6:]}, 4x128; ours / theirs: median of 21 rounds of 1000 calls, alternating")
     with torch.no_grad():
         for policy in policies:
-            for name, (ours, theirs) in pairs(device, dtype, policy.split()[0]).items():
-                for _ in range(200):
-                    ours(), theirs()
-                ratios, a, b = [], [], []
-                for _ in range(21):
-                    a.append(per_call_us(ours, device))
-                    b.append(per_call_us(theirs, device))
-                    ratios.append(a[-1] / b[-1])
-                print(f"{policy:18} {name:42} {statistics.median(ratios):5.2f}x  "
-                      f"({statistics.median(a):6.1f} vs {statistics.median(b):6.1f} us/call)")  # fmt: skip
+            with ops.policy(all=policy.split()[0]):  # the functional forms' policy (modules carry their own)
+                for name, (ours, theirs) in pairs(device, dtype, policy.split()[0]).items():
+                    ratio, a, b = alternate(ours, theirs, device)
+                    print(f"{policy:18} {name:42} {ratio:5.2f}x  ({a:6.1f} vs {b:6.1f} us/call)")
+        if args.sizes and kernel_runs_on(device):
+            sweep(device, dtype, args.sizes)
     return 0
+
+
+def alternate(ours, theirs, device: str, rounds: int = 21, n: int = 1000) -> tuple[float, float, float]:
+    """(median of per-round ratios, median us/call of each), `ours` and `theirs` timed in alternation."""
+    for _ in range(200):
+        ours(), theirs()
+    ratios, a, b = [], [], []
+    for _ in range(rounds):
+        a.append(per_call_us(ours, device, n))
+        b.append(per_call_us(theirs, device, n))
+        ratios.append(a[-1] / b[-1])
+    return statistics.median(ratios), statistics.median(a), statistics.median(b)
+
+
+def sweep(device: str, dtype: torch.dtype, sizes: str) -> None:
+    print("\nkernel / native per call, calls back to back (the larger of host and GPU time); auto's eager choice")
+    for size in sizes.split(","):
+        rows, cols = (int(v) for v in size.lower().split("x"))
+        x = torch.randn(rows, cols, device=device, dtype=dtype)
+        w, b = torch.ones(cols, device=device, dtype=dtype), torch.zeros(cols, device=device, dtype=dtype)
+        for name, fn, extra in (("rms_norm", ops.rms_norm, (w,)), ("layer_norm", ops.layer_norm, (w, b))):
+
+            def under(policy, fn=fn, extra=extra, name=name, x=x):
+                def call():
+                    with ops.policy(**{name: policy}):
+                        return fn(x, *extra)
+
+                return call
+
+            ratio, a, b_ = alternate(under("kernel"), under("native"), device, rounds=11, n=200)
+            picks = "kernel" if measured.eager_kernel_pays(device, x.numel()) else "native"
+            print(f"{size:>10} {name:11} {ratio:5.2f}x  ({a:7.1f} vs {b_:7.1f} us/call)  auto: {picks}")
 
 
 if __name__ == "__main__":

@@ -19,10 +19,9 @@ from tests.ops.test_attention import reference
 def fresh_choices(tmp_path, monkeypatch):
     monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))
     clear_memory()
-    saved = dict(policies._state)
+    saved = policies.snapshot()
     yield
-    policies._state.clear()  # set_policy's class defaults undone for the other tests
-    policies._state.update(saved)
+    policies.restore(saved)  # set_policy's class defaults undone for the other tests
     clear_memory()
 
 

@@ -118,6 +118,7 @@ def test_cached_eager_choices_follow_every_policy_change_and_stay_small():
     from fullgraph.ops import custom_op, rms_norm
 
     x = torch.randn(3, 8)
+    custom_op._FUNCTIONAL.clear()  # other tests' entries; what this one adds must stay few
     ran = lambda impl: counters[("rms_norm", "eager", impl)]  # noqa: E731
     runs = env.triton_runs_on("cpu")[0]
     for _ in range(50):  # each block changes the policy twice: the caches must neither go stale nor grow
@@ -135,3 +136,18 @@ def test_cached_eager_choices_follow_every_policy_change_and_stay_small():
         with policy(toy_double="native"):
             torch.testing.assert_close(module(x), x * 2)
     assert len(custom_op._FUNCTIONAL) <= 4 and len(module._choices) <= 2
+
+
+def test_eager_auto_takes_the_native_form_below_the_size_where_a_kernel_pays(monkeypatch):
+    if not env.triton_runs_on("cpu")[0]:
+        pytest.skip("needs kernels to run here (TRITON_INTERPRET=1)")
+    monkeypatch.setitem(measured.EAGER_KERNEL_MIN_NUMEL, "cpu", 64)
+    module = Double(policy="auto")
+    small, large = torch.randn(4, 8), torch.randn(8, 8)  # 32 and 64 elements, either side of the threshold
+    for _ in range(3):  # the cached choices keep the size classes apart
+        torch.testing.assert_close(module(small), small * 2)
+        torch.testing.assert_close(module(large), large * 2 + 1000)
+    with policy(toy_double="kernel"):  # an explicit policy is obeyed at any size
+        torch.testing.assert_close(module(small), small * 2)  # the instance's own "auto" wins over the context
+        torch.testing.assert_close(Double()(small), small * 2 + 1000)
+    assert measured.eager_kernel_pays("cuda", 1 << 20) and not measured.eager_kernel_pays("cuda", 512)

@@ -10,6 +10,7 @@ error when run.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -37,7 +38,7 @@ _direct = threading.local()  # set while `call_kernel` runs a launcher outside a
 def launch(kernel):
     """The kernel as seen by torch: traceable through `wrap_triton` when built for a GPU, the bare kernel
     when nothing traces (wrap_triton's wrapper costs hundreds of µs per eager launch on torch 2.11)."""
-    if env.triton_interpret() or getattr(_direct, "on", False):
+    if getattr(_direct, "on", False) or env.triton_interpret():
         return kernel
     return torch.library.wrap_triton(kernel)
 
@@ -58,6 +59,9 @@ def kernel_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] = ()):
     return register
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # a module's weights are Parameters: not a subclass that could watch
+
+
 def call_kernel(op, *args):
     """Run a registered op that carries its plain implementation as `op.launcher` (every kernel op here, and
     the attention backends). In plain eager inference the launcher is called directly: the torch op dispatch
@@ -69,7 +73,7 @@ def call_kernel(op, *args):
     if (
         torch.compiler.is_compiling()
         or _current_dispatch_mode() is not None
-        or any(type(t) is not torch.Tensor for t in tensors)
+        or any(type(t) not in _PLAIN for t in tensors)
         or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     ):
         return op(*args)
@@ -86,6 +90,7 @@ def _current_dispatch_mode():
     return _get_current_dispatch_mode()
 
 
+@functools.lru_cache(maxsize=256)
 def row_launch_config(n_cols: int, n_rows: int) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS per program, num_warps) for a kernel that keeps whole rows in registers.
 

@@ -32,11 +32,12 @@ def kernel_runs_on(device_type: str) -> bool:
 
 _NATIVE, _KERNEL = Policy.NATIVE.value, Policy.KERNEL.value  # plain strings: an Enum's .value costs a lookup
 _FUNCTIONAL: dict = {}  # the functional forms' eager choices, as CustomOp instances keep theirs
-_VERSION = "policy version"  # the key under which a choice cache keeps the policy version its choices hold for
+_CACHE_MAX = 64  # a choice cache holds this many (policy state, device, size class) entries before it starts over
 
 
-def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool) -> str:
-    """ "native" or "kernel" for one call of `op` on `device`."""
+def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool, small: bool = False) -> str:
+    """ "native" or "kernel" for one call of `op` on `device` (`small`: an eager input below the size where a
+    kernel pays, `measured.eager_kernel_pays`)."""
     pol = effective(op, instance_policy)
     if pol == _NATIVE:
         return "native"
@@ -48,27 +49,30 @@ def choose(op: str, instance_policy: str | None, device: torch.device, compiling
         return "kernel"
     if not runs:
         return "native"
-    return measured.compiled_choice(op) if compiling else "kernel"
+    if compiling:
+        return measured.compiled_choice(op)
+    return "native" if small else "kernel"
 
 
-def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: dict | None = None) -> str:
-    """`choose` for one call, counted in `policy.counters`; eager choices are cached per device and policy state
-    (in `cache`, an instance's, or one shared by the functional forms), so a steady eager call costs a dict lookup."""
+def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: dict | None = None,
+             numel: int | None = None) -> str:  # fmt: skip
+    """`choose` for one call, counted in `policy.counters`. Eager choices are cached per policy state, device and
+    size class (in `cache`, an instance's, or one shared by the functional forms), so a steady eager call costs a
+    dict lookup; `numel` (the main input's) decides whether eager `auto` is below the size where a kernel pays."""
     if torch.compiler.is_compiling():
         impl = choose(op, instance_policy, device, True)
         count_trace(op, impl)
         return impl
+    small = numel is not None and not measured.eager_kernel_pays(device.type, numel)
     if cache is None:
-        cache, key = _FUNCTIONAL, (op, device.type, instance_policy)
+        cache, key = _FUNCTIONAL, (version(), op, device.type, instance_policy, small)
     else:
-        key = (device.type, instance_policy)
-    v = version()
-    if cache.get(_VERSION) != v:  # a policy changed: every cached choice may have (and the cache stays small)
-        cache.clear()
-        cache[_VERSION] = v
+        key = (version(), device.type, instance_policy, small)
     impl = cache.get(key)
     if impl is None:
-        impl = cache[key] = choose(op, instance_policy, device, False)
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        impl = cache[key] = choose(op, instance_policy, device, False, small)
     counters[(op, "eager", impl)] += 1  # record()'s eager branch, inline: this runs on every eager call
     return impl
 
@@ -91,7 +95,7 @@ def count_trace(op: str, impl: str) -> bool:
 
 def run(op: str, native, kernel, x: torch.Tensor, *args):
     """A functional form's body: `native(x, *args)` or `kernel(x, *args)`, as op `op`'s policy decides."""
-    return (kernel if dispatch(op, None, x.device) == "kernel" else native)(x, *args)
+    return (kernel if dispatch(op, None, x.device, None, x.numel()) == "kernel" else native)(x, *args)
 
 
 def _first_device(args: tuple[Any, ...]) -> torch.device:
@@ -130,8 +134,10 @@ class CustomOp(nn.Module):
     def forward(self, *args, **kwargs):
         self.check_inputs(*args, **kwargs)
         x = args[0] if args else None
-        device = x.device if isinstance(x, torch.Tensor) else _first_device((*args, *kwargs.values()))
-        impl = dispatch(self.name, self.policy, device, self._choices)
+        if isinstance(x, torch.Tensor):
+            impl = dispatch(self.name, self.policy, x.device, self._choices, x.numel())
+        else:
+            impl = dispatch(self.name, self.policy, _first_device((*args, *kwargs.values())), self._choices)
         if impl == "kernel":
             return self.forward_kernel(*args, **kwargs)
         return self.forward_native(*args, **kwargs)

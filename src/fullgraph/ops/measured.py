@@ -18,6 +18,18 @@ from __future__ import annotations
 COMPILED_CHOICE: dict[str, str] = {}
 
 
+# Eager `auto` on a GPU takes the kernel only from this many elements of the main input up: below it a call is
+# host-bound and the kernel's launch path (a Python launcher, Triton's argument handling) costs more than the
+# GPU time it saves; the native form is torch's own op there. Measured with benchmarks/eager_overhead.py
+# (`--sizes`); under the Triton interpreter (CPU tests) the kernel always runs, as speed means nothing there.
+EAGER_KERNEL_MIN_NUMEL: dict[str, int] = {"cuda": 1 << 16}
+
+
+def eager_kernel_pays(device_type: str, numel: int) -> bool:
+    """Is an eager input of `numel` elements on `device_type` big enough for `auto` to take the kernel?"""
+    return numel >= EAGER_KERNEL_MIN_NUMEL.get(device_type, 0)
+
+
 def compiled_choice(op: str) -> str:
     """The implementation measured as faster inside a compiled graph; "native" for ops without a measurement."""
     return COMPILED_CHOICE.get(op, "native")

@@ -6,7 +6,8 @@ class default set with `set_policy(...)`, the FULLGRAPH_OPS environment variable
 FULLGRAPH_OPS is read when fullgraph.ops is imported: `+rms_norm,-rope` (kernel for rms_norm, native for
 rope), `all` / `none` (every op kernel / native), or `rms_norm=auto`.
 
-"auto" means: in eager mode, the kernel wherever it can run on the input's device; under torch.compile,
+"auto" means: in eager mode, the kernel wherever it can run on the input's device and the input is big enough
+for a kernel to pay (`measured.eager_kernel_pays`); under torch.compile,
 the implementation recorded as faster inside a compiled graph (`measured.py`).
 """
 
@@ -39,17 +40,36 @@ KNOWN_OPS: set[str] = set()
 # A dict of plain strings: torch.compile guards on its contents, so a policy change recompiles.
 _state: dict[str, str] = {}  # "ctx:<op>" (innermost context), "cls:<op>" (set_policy), "env:<op>"
 
-# Bumped on every policy change, so eager callers can cache their choice per (device, version).
+# A number per distinct policy state, set on every change: eager callers cache their choices per (version,
+# device). Returning to an earlier state (leaving a `policy(...)` block) gives back its number, so a block
+# entered on every call does not throw away what the calls inside it chose.
 _version = [0]
+_state_ids: dict[tuple, int] = {}
 
 
 def version() -> int:
     return _version[0]
 
 
+def _changed() -> None:
+    _version[0] = _state_ids.setdefault(tuple(sorted(_state.items())), len(_state_ids))
+
+
 # Which implementation ran, by (op, "eager"/"compiled", "native"/"kernel"): eager counts calls, compiled
 # counts graphs traced with that choice baked in (counting compiled calls would cost a recompile per call).
 counters: Counter = Counter()
+
+
+def snapshot() -> dict[str, str]:
+    """Every policy setting now in force (contexts, class defaults, environment), for `restore`."""
+    return dict(_state)
+
+
+def restore(saved: dict[str, str]) -> None:
+    """Put back the settings of a `snapshot()` (a test's or a tool's cleanup after `set_policy`)."""
+    _state.clear()
+    _state.update(saved)
+    _changed()
 
 
 def _check_ops(names) -> None:
@@ -82,7 +102,7 @@ def load_env(spec: str | None = None) -> None:
         del _state[key]
     for name, pol in parse_spec(os.environ.get("FULLGRAPH_OPS", "") if spec is None else spec).items():
         _state[f"env:{name}"] = pol.value
-    _version[0] += 1
+    _changed()
 
 
 def check_env() -> None:
@@ -95,7 +115,7 @@ def set_policy(**ops: str | Policy) -> None:
     _check_ops(ops)
     for name, value in ops.items():
         _state[f"cls:{name}"] = Policy.parse(value, name).value
-    _version[0] += 1
+    _changed()
 
 
 @contextlib.contextmanager
@@ -105,7 +125,7 @@ def policy(**ops: str | Policy):
     parsed = {f"ctx:{name}": Policy.parse(value, name).value for name, value in ops.items()}
     saved = {k: _state.get(k) for k in parsed}
     _state.update(parsed)
-    _version[0] += 1
+    _changed()
     try:
         yield
     finally:
@@ -114,7 +134,7 @@ def policy(**ops: str | Policy):
                 _state.pop(k, None)
             else:
                 _state[k] = v
-        _version[0] += 1
+        _changed()
 
 
 def effective(op: str, instance: str | None = None) -> str:
