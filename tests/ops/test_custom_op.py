@@ -48,13 +48,15 @@ def test_auto_in_eager_is_the_kernel_where_it_runs():
     assert choose("toy_double", None, torch.device("cpu"), compiling=False) == expect
 
 
-def test_auto_under_compile_follows_the_measured_table(monkeypatch):
-    if not env.triton_runs_on("cpu")[0]:
-        pytest.skip("no kernel runs on cpu here")
-    monkeypatch.setitem(measured.COMPILED_CHOICE, "toy_double", "kernel")
-    assert Double().implementation("cpu", compiling=True) == "kernel"
-    monkeypatch.setitem(measured.COMPILED_CHOICE, "toy_double", "native")
-    assert Double().implementation("cpu", compiling=True) == "native"
+def test_auto_under_compile_follows_the_measured_table_of_this_gpu(monkeypatch):
+    monkeypatch.setattr(measured, "_names", {0: "Measured GPU", 1: "Other GPU"})
+    monkeypatch.setitem(measured.COMPILED_CHOICE, "Measured GPU", {"toy_double": "kernel"})
+    assert measured.compiled_choice("toy_double", torch.device("cuda", 0)) == "kernel"
+    assert measured.compiled_choice("rms_norm", torch.device("cuda", 0)) == "native"  # not measured there
+    assert measured.compiled_choice("toy_double", torch.device("cuda", 1)) == "native"  # a GPU nobody measured
+    assert measured.compiled_choice("toy_double", torch.device("cpu")) == "native"
+    if env.triton_runs_on("cpu")[0]:  # under compile, auto on the CPU is the native form whatever the table says
+        assert Double().implementation("cpu", compiling=True) == "native"
 
 
 def test_context_changes_a_cached_choice():
@@ -150,4 +152,5 @@ def test_eager_auto_takes_the_native_form_below_the_size_where_a_kernel_pays(mon
     with policy(toy_double="kernel"):  # an explicit policy is obeyed at any size
         torch.testing.assert_close(module(small), small * 2)  # the instance's own "auto" wins over the context
         torch.testing.assert_close(Double()(small), small * 2 + 1000)
-    assert measured.eager_kernel_pays("cuda", 1 << 20) and not measured.eager_kernel_pays("cuda", 512)
+    floor = measured.EAGER_KERNEL_MIN_NUMEL["cuda"]
+    assert measured.eager_kernel_pays("cuda", floor) and not measured.eager_kernel_pays("cuda", floor - 1)

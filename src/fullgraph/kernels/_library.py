@@ -10,7 +10,6 @@ error when run.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 
@@ -90,7 +89,6 @@ def _current_dispatch_mode():
     return _get_current_dispatch_mode()
 
 
-@functools.lru_cache(maxsize=256)
 def row_launch_config(n_cols: int, n_rows: int) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS per program, num_warps) for a kernel that keeps whole rows in registers.
 

@@ -146,7 +146,7 @@ class DiTBlock(nn.Module):
         a = ops.attention(q, k, v, layout="bsnd")  # a: [B, N, H, D]
         x = ops.gated_residual(x, self.proj(a.flatten(2)), gate1)
         h = ops.modulate(ops.layer_norm(x, eps=self.eps), shift2, scale2)
-        return ops.gated_residual(x, self.fc2(F.gelu(self.fc1(h), approximate="tanh")), gate2)
+        return ops.gated_residual(x, self.fc2(ops.linear_gelu(h, self.fc1.weight, self.fc1.bias)), gate2)
 
 
 class PlainDiTBlock(nn.Module):

@@ -142,13 +142,21 @@ class PlainPatchEmbed(PatchEmbed):
 
 
 class Mlp(nn.Module):
-    """fc2(gelu(fc1(x))), timm's names."""
+    """fc2(gelu(fc1(x))), timm's names; fc1 and the GELU are `ops.linear_gelu` (one GEMM with the tanh GELU in its
+    epilogue where that op's policy takes the kernel form; the exact GELU always runs as its own pass)."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.approximate = "tanh" if cfg.gelu == "tanh" else "none"  # fixed here, a constant to torch.compile
         self.fc1 = nn.Linear(cfg.dim, cfg.hidden)
         self.fc2 = nn.Linear(cfg.hidden, cfg.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(ops.linear_gelu(x, self.fc1.weight, self.fc1.bias, self.approximate))
+
+
+class PlainMlp(Mlp):
+    """`Mlp` written the usual way: `F.gelu(fc1(x))`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
@@ -174,13 +182,14 @@ class Block(nn.Module):
 
     norm_cls: type[nn.Module] = ops.LayerNorm
     attn_cls: type[nn.Module] = ops.Attention
+    mlp_cls: type[nn.Module] = Mlp
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.norm1 = self.norm_cls(cfg.dim, eps=cfg.eps)
         self.attn = self.attn_cls(cfg.dim, cfg.heads)
         self.norm2 = self.norm_cls(cfg.dim, eps=cfg.eps)
-        self.mlp = Mlp(cfg)
+        self.mlp = self.mlp_cls(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))  # x: [B, 1 + N, D]
@@ -188,10 +197,11 @@ class Block(nn.Module):
 
 
 class PlainBlock(Block):
-    """`Block` with `nn.LayerNorm` and `PlainAttention`."""
+    """`Block` with `nn.LayerNorm`, `PlainAttention` and `PlainMlp`."""
 
     norm_cls = nn.LayerNorm
     attn_cls = PlainAttention
+    mlp_cls = PlainMlp
 
 
 class ViT(nn.Module):

@@ -9,6 +9,7 @@ Which one runs is a policy (`policies.py`): per instance, per op class (`set_pol
 from fullgraph.ops import policies as _policies
 from fullgraph.ops.attention import Attention, attention, attention_choice
 from fullgraph.ops.custom_op import CustomOp
+from fullgraph.ops.linear import LinearGELU, linear_gelu
 from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, modulate
 from fullgraph.ops.norms import LayerNorm, RMSNorm, layer_norm, rms_norm
 from fullgraph.ops.policies import Policy, counters, policy, set_policy
@@ -21,6 +22,7 @@ __all__ = [
     "CustomOp",
     "GatedResidual",
     "LayerNorm",
+    "LinearGELU",
     "Modulate",
     "Policy",
     "RMSNorm",
@@ -31,6 +33,7 @@ __all__ = [
     "counters",
     "gated_residual",
     "layer_norm",
+    "linear_gelu",
     "modulate",
     "policy",
     "rms_norm",

@@ -50,7 +50,7 @@ def choose(op: str, instance_policy: str | None, device: torch.device, compiling
     if not runs:
         return "native"
     if compiling:
-        return measured.compiled_choice(op)
+        return measured.compiled_choice(op, device)
     return "native" if small else "kernel"
 
 

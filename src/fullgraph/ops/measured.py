@@ -14,15 +14,30 @@ benchmark) shows a win; entries here are op -> "kernel" with the measurement tha
 
 from __future__ import annotations
 
-# op -> "native" | "kernel", each entry with its in-graph measurement (none yet: see the module docstring)
-COMPILED_CHOICE: dict[str, str] = {}
+import torch
+
+# GPU name (torch.cuda.get_device_name) -> {op: "native" | "kernel"}, each entry with its in-graph measurement on
+# that GPU; a GPU not listed runs every op's native form under torch.compile.
+COMPILED_CHOICE: dict[str, dict[str, str]] = {
+    "NVIDIA H200": {
+        # `fullgraph bench dit` (torch 2.11, dim 3072, 24 heads, 4 blocks, bf16, default mode;
+        # benchmarks/results/dit_h200.txt): all native but linear_gelu's kernel against all native, 1024 / 4096 /
+        # 16384 tokens: 1.033x / 1.046x / 1.016x; the GELU pass leaves the GPU time (elementwise 0.223 -> 0.152 ms,
+        # 0.987 -> 0.554, 3.890 -> 2.136 against the plain twin) while the GEMMs keep their time (1.381 -> 1.404 ms,
+        # 5.398 -> 5.320, 21.207 -> 21.203)
+        "linear_gelu": "kernel",
+    },
+}
 
 
 # Eager `auto` on a GPU takes the kernel only from this many elements of the main input up: below it a call is
-# host-bound and the kernel's launch path (a Python launcher, Triton's argument handling) costs more than the
-# GPU time it saves; the native form is torch's own op there. Measured with benchmarks/eager_overhead.py
-# (`--sizes`); under the Triton interpreter (CPU tests) the kernel always runs, as speed means nothing there.
-EAGER_KERNEL_MIN_NUMEL: dict[str, int] = {"cuda": 1 << 16}
+# host-bound and the kernel's launch path (a Python launcher, Triton's argument handling) costs more than the GPU
+# time it saves. On the H200 host (torch 2.11, triton 3.6; benchmarks/results/eager_overhead_h200.txt) the native
+# form was faster per call at every size measured, 4x128 to 4096x3072 bf16 (kernel / native 2.4-2.8x, calls back to
+# back); a kernel call costs ~41 us of host time against ~15 us for the native one, so the kernel can only pay once
+# the native form's GPU time passes that: about 50M bf16 elements at 4.8 TB/s, hence 2**26. Under the Triton
+# interpreter (CPU tests) the kernel always runs, as speed means nothing there.
+EAGER_KERNEL_MIN_NUMEL: dict[str, int] = {"cuda": 1 << 26}
 
 
 def eager_kernel_pays(device_type: str, numel: int) -> bool:
@@ -30,6 +45,20 @@ def eager_kernel_pays(device_type: str, numel: int) -> bool:
     return numel >= EAGER_KERNEL_MIN_NUMEL.get(device_type, 0)
 
 
-def compiled_choice(op: str) -> str:
-    """The implementation measured as faster inside a compiled graph; "native" for ops without a measurement."""
-    return COMPILED_CHOICE.get(op, "native")
+def compiled_choice(op: str, device: torch.device | None = None) -> str:
+    """The implementation measured as faster inside a compiled graph on `device`'s GPU; "native" for ops and
+    devices without a measurement."""
+    if device is None or device.type != "cuda":
+        return "native"
+    return COMPILED_CHOICE.get(gpu_name(device.index), {}).get(op, "native")
+
+
+_names: dict[int | None, str] = {}
+
+
+@torch.compiler.assume_constant_result
+def gpu_name(index: int | None) -> str:
+    """The CUDA device's name (the current device for None), a constant to torch.compile."""
+    if index not in _names:
+        _names[index] = torch.cuda.get_device_name(index)
+    return _names[index]
