@@ -31,7 +31,7 @@ for step in $steps; do
       $py -m fullgraph bench attention --reps 30 --csv "$OUT/attention_h200.csv" | tee "$OUT/attention_h200.txt"
       ;;
     dit)  # issue 13: the DiT stack, ours (auto, kernel, native) against the plain twin, compiled and eager
-      $py -m fullgraph bench dit --reps 30 --breakdown --csv "$OUT/dit_h200.csv" ${DIT_ARGS:-} | tee "$OUT/dit_h200.txt"
+      $py -m fullgraph bench dit --reps 30 --breakdown --csv "$OUT/dit_h200.csv" ${DIT_ARGS:-} | tee -a "$OUT/dit_h200.txt"
       ;;
     doctor)
       $py -m fullgraph doctor benchmarks/targets/vit.py:vit_b16 --input 1x3x224x224:fp32 ${DOCTOR_ARGS:-} \
@@ -61,7 +61,7 @@ for step in $steps; do
         2>&1 | tee "$OUT/regional_compile.txt" | tail -30
       ;;
     overhead)
-      $py benchmarks/eager_overhead.py | tee "$OUT/eager_overhead.txt"
+      $py benchmarks/eager_overhead.py ${OVERHEAD_ARGS:-} | tee "$OUT/eager_overhead.txt"
       ;;
     tune)
       $py benchmarks/tune_rows.py 2>&1 | tee "$OUT/tune_rows.csv" | grep '^#'

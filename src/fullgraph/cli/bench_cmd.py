@@ -39,9 +39,17 @@ SUITES = {
     ),
     "dit": (
         "fullgraph.bench.suites.dit",
-        "the DiT stack from our ops against its plain-PyTorch twin: compiled (auto, kernel, native) and eager",
+        "the DiT stack from our ops against its plain-PyTorch twin: compiled (auto, kernel, native, fusions) and eager",
         [
-            ("--tokens", {"help": "token counts, e.g. 1024,4096 (default 1024,4096 on GPU; 64 on CPU)"}),
+            ("--tokens", {"help": "token counts, e.g. 1024,4096 (default 1024,4096,16384 on GPU; 64 on CPU)"}),
+            (
+                "--mode",
+                {
+                    "choices": ["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                    "default": None,
+                    "help": "torch.compile mode of every compiled variant",
+                },
+            ),
             ("--config", {"help": "dit_s, dit_b, dit_xl or dit_3072 (default dit_3072 on GPU, a small one on CPU)"}),
             ("--depth", {"type": int, "help": "blocks (default: the config's)"}),
             ("--batch", {"type": int, "default": 1, "help": "batch size (default 1)"}),

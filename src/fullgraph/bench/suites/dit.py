@@ -1,17 +1,19 @@
 """Suite `dit`: the DiT stack built from our ops against its plain-PyTorch twin, compiled and eager, side by side.
 
-Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), six ways:
+Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), eight ways:
 plain compiled and eager (`torch.compile(fullgraph=True)`, default mode: what users run), ours compiled with every
 op's policy `auto`, `kernel` and `native` (attention included: native is torch's SDPA, kernel our Triton
-kernel), and ours eager with `auto`. Each variant is called inside its policy
+kernel), ours compiled all native but for one fused op's kernel (`linear_gelu`: the in-graph measurement of that
+fusion), and ours eager with `auto`. Each variant is called inside its policy
 context (a policy change recompiles: Dynamo guards on it). Latency: the median of ROUNDS interleaved rounds (CUDA
 events, or the CPU clock), with the lowest and highest round median; each compiled variant's ratio to plain
 compiled is the suite's verdict (issue: our ops must never make a compiled model slower). Error: against the plain
-twin in float32. With --breakdown, where the GPU time goes (torch.profiler, kernel classes) for plain compiled and
-ours auto compiled.
+twin in float32. A second instance of the plain twin, compiled apart, gives the noise floor of a ratio. With
+--breakdown, where the GPU time goes (torch.profiler, kernel classes) for plain compiled, ours auto compiled and the
+fusion's variant.
 
-Defaults: on a GPU the issue's stack (dim 3072, 24 heads, 4 blocks, bf16, batch 1) at 1024 and 4096 tokens; on the
-CPU a small stack (dim 128, 2 heads, 2 blocks) at 64 tokens, fp32.
+Defaults: on a GPU the issue's stack (dim 3072, 24 heads, 4 blocks, bf16, batch 1) at 1024, 4096 and 16384 tokens;
+on the CPU a small stack (dim 128, 2 heads, 2 blocks) at 64 tokens, fp32.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from fullgraph.bench.suites import DTYPES, parse_sizes
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
 from fullgraph.models.dit import DiT, PlainDiT, config
+from fullgraph.ops.policies import parse_spec
 from fullgraph.timing import resolve_device, round_medians
 
 ROUNDS = 5
-GPU_TOKENS = (1024, 4096)
+GPU_TOKENS = (1024, 4096, 16384)
 CPU_TOKENS = (64,)
-POLICIES = ("auto", "kernel", "native")
+# variant label -> policies (FULLGRAPH_OPS syntax): every op's policy, then one op's kernel among native neighbours,
+# the in-graph measurement that `ops/measured.py` records per GPU
+POLICIES = {"auto": "all=auto", "kernel": "all", "native": "none", "native + linear_gelu kernel": "none,+linear_gelu"}
 
 
 def parse_tokens(spec: str | None, gpu: bool) -> tuple[int, ...]:
@@ -68,28 +73,47 @@ def run(args) -> tuple[list[Result], str]:
     reference.load_state_dict(plain.state_dict())
     ours, plain = ours.to(device, dtype), plain.to(device, dtype)
     torch._dynamo.reset()
-    ours_c = torch.compile(ours, fullgraph=True)
-    plain_c = torch.compile(plain, fullgraph=True)
+    mode = compile_mode(args)
+    ours_c = torch.compile(ours, fullgraph=True, mode=mode)
+    plain_c = torch.compile(plain, fullgraph=True, mode=mode)
+    twin = PlainDiT(cfg).eval().to(device, dtype)  # a second instance of the same weights: the noise floor
+    twin.load_state_dict(plain.state_dict())
+    twin_c = torch.compile(twin, fullgraph=True, mode=mode)
     variants = {
         "plain, compiled": (plain_c, None),
-        **{f"ours {p}, compiled": (ours_c, p) for p in POLICIES},
-        "ours auto, eager": (ours, "auto"),
+        "plain again (second instance), compiled": (twin_c, None),
+        **{f"ours {label}, compiled": (ours_c, spec) for label, spec in POLICIES.items()},
+        "ours auto, eager": (ours, "all=auto"),
         "plain, eager": (plain, None),
     }
     rows: list[Result] = []
     table = []
+    # every policy of `ours` and every token count is a recompile of one forward: more than Dynamo's default 8
+    with torch._dynamo.config.patch(recompile_limit=64):
+        _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, table)
+    text = format_table(["point", "variant", "ms", "rounds", "plain compiled / this", "rel err vs fp32"], table)
+    return rows, text
+
+
+def compile_mode(args) -> str | None:
+    """--mode as torch.compile takes it (None for the default mode)."""
+    return None if getattr(args, "mode", None) in (None, "default") else args.mode
+
+
+def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, table) -> None:
+    mode = compile_mode(args)
     for n in tokens:
         torch.manual_seed(n)
         x = torch.randn(args.batch, n, cfg.dim, device=device)
         c = torch.randn(args.batch, cfg.dim, device=device)
         xd, cd = x.to(dtype), c.to(dtype)
         short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
-        point = f"{cfg.dim}x{cfg.heads}h x{cfg.depth} b{args.batch} n{n} {short}"
+        point = f"{cfg.dim}x{cfg.heads}h x{cfg.depth} b{args.batch} n{n} {short}" + (f" {mode}" if mode else "")
         params = {"dim": cfg.dim, "heads": cfg.heads, "depth": cfg.depth, "batch": args.batch, "tokens": n,
-                  "dtype": str(dtype)[6:]}  # fmt: skip
+                  "dtype": str(dtype)[6:], "mode": mode or "default"}  # fmt: skip
 
         def call(fn, pol, xd=xd, cd=cd):
-            ctx = ops.policy(all=pol) if pol else contextlib.nullcontext()
+            ctx = ops.policy(**parse_spec(pol)) if pol else contextlib.nullcontext()
             with ctx, torch.no_grad():
                 return fn(xd, cd)
 
@@ -121,12 +145,10 @@ def run(args) -> tuple[list[Result], str]:
             rows += make_rows("dit", point, name, metrics, params)
             table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", base / med, errors[name]])
         if args.breakdown:
-            for name in ("plain, compiled", "ours auto, compiled"):
+            for name in ("plain, compiled", "ours auto, compiled", "ours native + linear_gelu kernel, compiled"):
                 fn, pol = variants[name]
                 b = profile_breakdown(lambda fn=fn, pol=pol: call(fn, pol), device=device, label=name, dtype=dtype)
                 classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
                 table.append([point, f"  {name}: where the time goes", b.kernel_ms, "", None, None])
                 table.append([point, f"    {classes}", None, "", None, None])
                 rows += make_rows("dit", point, name, {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}, params)
-    text = format_table(["point", "variant", "ms", "rounds", "plain compiled / this", "rel err vs fp32"], table)
-    return rows, text
