@@ -3,7 +3,7 @@
 from fullgraph._version import __version__
 from fullgraph.errors import FullgraphError, UsageError
 
-__all__ = ["FullgraphError", "UsageError", "__version__", "compile", "doctor"]
+__all__ = ["FullgraphError", "UsageError", "__version__", "compile", "doctor", "export", "load"]
 
 
 def __getattr__(name):
@@ -14,6 +14,22 @@ def __getattr__(name):
 
         return importlib.import_module("fullgraph.compile")
     raise AttributeError(f"module 'fullgraph' has no attribute {name!r}")
+
+
+def export(model, example_inputs, path, **options):
+    """An AOTInductor package of `model` at `path` (torch.export + aoti_compile_and_package); see
+    fullgraph.deploy.package.export for the options."""
+    from fullgraph.deploy import export as run
+
+    return run(model, example_inputs, path, **options)
+
+
+def load(path, **options):
+    """A callable from an AOTInductor package, loaded only after a child process loaded it safely; see
+    fullgraph.deploy.package.load."""
+    from fullgraph.deploy import load as run
+
+    return run(path, **options)
 
 
 def doctor(model, args=(), kwargs=None, **options):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fullgraph
 from fullgraph.deploy import DeployError, export, inspect_package, load, package, probe
 from fullgraph.errors import UsageError
 from tests.deploy._models import MLP
@@ -94,6 +95,8 @@ def test_damaged_files_are_refused_before_anything_runs(tmp_path, monkeypatch, c
     path.chmod(0o644)
     with pytest.raises(DeployError, match=why):
         load(path)
+    with pytest.raises(DeployError, match=why):  # the top-level name is the same loader
+        fullgraph.load(path)
 
 
 def test_a_zip_that_is_not_an_aoti_package_is_refused(tmp_path):
