@@ -8,7 +8,7 @@ import torch
 
 from fullgraph import env
 from fullgraph.ops import attention_backends as ab
-from fullgraph.ops import counters
+from fullgraph.ops import counters, measured
 from fullgraph.ops.attention import attention, attention_choice
 from fullgraph.timing import measure
 from tests.skips import requires_cuda
@@ -139,15 +139,24 @@ def test_corrupt_cache_is_ignored_with_a_warning(tmp_path):
     assert json.loads((tmp_path / "attention_choices.json").read_text())["choices"] == {"some|key": "sdpa-math"}
 
 
-def test_compiled_auto_uses_the_eager_choice():
+def test_compiled_auto_is_torchs_sdpa_not_the_eager_choice(monkeypatch):
     q, k, v = qkv(device="cpu")
-    ab.save_choice(ab.cache_key(ab.spec_of(q, k, None, False)), "sdpa-math")
+    ab.save_choice(ab.cache_key(ab.spec_of(q, k, None, False)), "sdpa-math")  # an eager timing's winner
     ab.clear_memory()
-    before = counters[("attention", "compiled", "sdpa-math")]
+    before = {b: counters[("attention", "compiled", b)] for b in ("sdpa", "sdpa-math")}
     torch._dynamo.reset()
     out = torch.compile(lambda q, k, v: attention(q, k, v), fullgraph=True)(q, k, v)
-    assert counters[("attention", "compiled", "sdpa-math")] == before + 1
-    assert torch.allclose(out, attention(q, k, v, backend="sdpa-math"), atol=1e-6)
+    assert counters[("attention", "compiled", "sdpa")] == before["sdpa"] + 1
+    assert counters[("attention", "compiled", "sdpa-math")] == before["sdpa-math"]
+    assert torch.allclose(out, attention(q, k, v, backend="sdpa-math"), atol=1e-5)
+    # an in-graph measurement for this GPU would pick our kernel (the CPU is never in the table: sdpa)
+    from fullgraph.ops.attention import compiled_auto
+
+    spec = ab.spec_of(q, k, None, False)
+    monkeypatch.setattr(measured, "_names", {0: "Measured GPU"})
+    monkeypatch.setitem(measured.COMPILED_CHOICE, "Measured GPU", {"attention": "kernel"})
+    assert compiled_auto(spec, torch.device("cpu")) == "sdpa"
+    assert measured.compiled_choice("attention", torch.device("cuda", 0)) == "kernel"
 
 
 @requires_cuda

@@ -10,8 +10,9 @@ into on a GPU; "sdpa" is plain `F.scaled_dot_product_attention`, torch's own cho
 
 "auto" keeps the backends that can serve the inputs (the table, then the backend's own runtime refusal),
 times them once per shape bucket on CUDA (`fullgraph.timing.measure`) and caches the winner in
-memory and in `$FULLGRAPH_CACHE_DIR/attention_choices.json`. On the CPU, and under torch.compile before
-eager has timed the shape, it takes the first servable backend of a fixed preference order.
+memory and in `$FULLGRAPH_CACHE_DIR/attention_choices.json`. On the CPU it takes the first servable backend of a
+fixed preference order. Under torch.compile `auto` is "sdpa" (`ops.attention.compiled_auto`); `choose_compiled`
+serves only the calls "sdpa" cannot.
 """
 
 from __future__ import annotations
