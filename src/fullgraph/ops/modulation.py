@@ -72,23 +72,24 @@ def check_gated_residual_inputs(x: torch.Tensor, h: torch.Tensor, gate: torch.Te
 
 
 def _grouped(x: torch.Tensor, *params: torch.Tensor):
-    """x as float32 [G, R, C] and each parameter (all of one shape) as float32 [G, 1, C], to broadcast row-wise."""
+    """x as [G, R, C] (its own dtype: a view where one exists) and each parameter (all of one shape) as float32
+    [G, 1, C], to broadcast row-wise. x is not upcast here: the float32 parameters promote the op that reads it, which
+    computes in float32 as an upcast copy would, without writing that copy (one pass over x fewer in eager mode)."""
     if x.dim() == 3 and params[0].dim() == 2 and params[0].shape[0] == x.shape[0]:  # the common [B, C]: views only
-        return x.float(), *(p[:, None].float() for p in params)
+        return x, *(p[:, None].float() for p in params)
     n_groups, rows_per_group = groups(x, params[0])
     c = x.shape[-1]
-    return x.reshape(n_groups, rows_per_group, c).float(), *(p.reshape(n_groups, 1, c).float() for p in params)
+    return x.reshape(n_groups, rows_per_group, c), *(p.reshape(n_groups, 1, c).float() for p in params)
 
 
 def modulate_native(x, shift, scale):
-    x32, shift32, scale32 = _grouped(x, shift, scale)  # x32: [G, R, C], shift32/scale32: [G, 1, C]
-    return torch.addcmul(shift32, x32, 1 + scale32).reshape(x.shape).to(x.dtype)  # one op for x·(1+scale)+shift
+    xg, shift32, scale32 = _grouped(x, shift, scale)  # xg: [G, R, C], shift32/scale32: [G, 1, C] float32
+    return torch.addcmul(shift32, xg, 1 + scale32).reshape(x.shape).to(x.dtype)  # x·(1+scale)+shift in float32
 
 
 def gated_residual_native(x, h, gate):
-    x32, gate32 = _grouped(x, gate)
-    h32 = h.reshape(x32.shape).float()
-    return torch.addcmul(x32, gate32, h32).reshape(x.shape).to(x.dtype)  # x + gate·h in one op
+    xg, gate32 = _grouped(x, gate)
+    return torch.addcmul(xg, gate32, h.reshape(xg.shape)).reshape(x.shape).to(x.dtype)  # x + gate·h in float32
 
 
 def modulate_kernel(x, shift, scale):

@@ -65,7 +65,7 @@ def check_rope_inputs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay
 
 def rope_native(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
     rotary_dim = 2 * cos.shape[-1]
-    x32 = x[..., :rotary_dim].float()
+    x32 = x[..., :rotary_dim]  # its own dtype: the float32 tables promote every product to float32
     c, s = cos.float(), sin.float()  # [N, h]
     if seq_dim == 1:
         c, s = c[:, None], s[:, None]  # [N, 1, h]: broadcast over the heads that follow N
