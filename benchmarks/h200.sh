@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
-#   dit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode (default: env tests ceilings ops)
+#   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,9 @@ for step in $steps; do
       ;;
     dit)  # issue 13: the DiT stack, ours (auto, kernel, native) against the plain twin, compiled and eager
       $py -m fullgraph bench dit --reps 30 --breakdown --csv "$OUT/dit_h200.csv" ${DIT_ARGS:-} | tee -a "$OUT/dit_h200.txt"
+      ;;
+    vit)  # issue 14: timm's ViT-B/16 against ours, eager and compiled, batch 1, 4, 256
+      $py -m fullgraph bench vit --reps 30 --breakdown --csv "$OUT/vit_h200.csv" ${VIT_ARGS:-} | tee -a "$OUT/vit_h200.txt"
       ;;
     doctor)
       $py -m fullgraph doctor benchmarks/targets/vit.py:vit_b16 --input 1x3x224x224:fp32 ${DOCTOR_ARGS:-} \

@@ -37,6 +37,20 @@ SUITES = {
             ("--dtype", {"default": "bf16", "choices": ["bf16", "fp16", "fp32"]}),
         ],
     ),
+    "vit": (
+        "fullgraph.bench.suites.vit",
+        "the ViT case study: timm (or the plain twin) eager and compiled against ours, per batch size",
+        [
+            ("--batches", {"help": "batch sizes, e.g. 1,4,256 (default 1,4,256 on GPU; 2 on CPU)"}),
+            (
+                "--config",
+                {"help": "vit_tiny, vit_small, vit_b16 or vit_l16 (default vit_b16 on GPU, a small one on CPU)"},
+            ),
+            ("--modes", {"help": "compile modes, e.g. default,reduce-overhead (default: both on GPU, default on CPU)"}),
+            ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
+            ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, reference and ours compiled"}),
+        ],
+    ),
     "dit": (
         "fullgraph.bench.suites.dit",
         "the DiT stack from our ops against its plain-PyTorch twin: compiled (auto, kernel, native, fusions) and eager",
