@@ -1,17 +1,13 @@
 import pytest
 
-from fullgraph.bench.results import read_csv
 from fullgraph.bench.suites import dit as suite
-from fullgraph.cli.main import main
 from fullgraph.errors import UsageError
+from tests.bench.suites import run_suite
 
 
 @pytest.mark.slow
 def test_suite_times_ours_and_the_plain_twin_compiled_and_eager(tmp_path, capsys):
-    path = tmp_path / "dit.csv"
-    assert main(["bench", "dit", "--device", "cpu", "--tokens", "33", "--reps", "2", "--csv", str(path)]) == 0
-    rows = read_csv(path)
-    timed = {r.variant for r in rows if r.metric == "median_ms"}
+    rows, timed = run_suite(tmp_path, "dit", "--tokens", "33")
     assert {"plain, compiled", "ours auto, compiled", "ours native, compiled", "plain, eager"} <= timed
     errors = {r.variant: r.value for r in rows if r.metric == "rel_err"}
     assert errors["plain, eager"] == 0 and all(e < 1e-5 for e in errors.values()), errors  # fp32 against fp32

@@ -1,17 +1,13 @@
 import pytest
 
-from fullgraph.bench.results import read_csv
 from fullgraph.bench.suites import vit as suite
-from fullgraph.cli.main import main
 from fullgraph.errors import UsageError
+from tests.bench.suites import run_suite
 
 
 @pytest.mark.slow
 def test_suite_times_the_reference_and_ours_eager_and_compiled(tmp_path, capsys):
-    path = tmp_path / "vit.csv"
-    assert main(["bench", "vit", "--device", "cpu", "--batches", "3", "--reps", "2", "--csv", str(path)]) == 0
-    rows = read_csv(path)
-    timed = {r.variant for r in rows if r.metric == "median_ms"}
+    rows, timed = run_suite(tmp_path, "vit", "--batches", "3")
     assert timed == {"plain, eager fp32", "plain, compiled default fp32", "ours, compiled default fp32"}
     errors = {r.variant: r.value for r in rows if r.metric == "rel_err"}
     assert errors["plain, eager fp32"] == 0 and errors["plain, compiled default fp32"] < 1e-5, errors
