@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fullgraph
+from fullgraph import env
 from fullgraph.deploy import DeployError, export, inspect_package, load, package, probe
 from fullgraph.errors import UsageError
 from tests.deploy._models import MLP
@@ -17,14 +18,18 @@ from tests.deploy._models import MLP
 CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
 
 
-def fake_package(path: Path, **meta) -> Path:
-    """A zip shaped like an AOTInductor package (what inspect_package checks), with no code that could run."""
+def fake_package(path: Path, calls: tuple[str, ...] = (), **meta) -> Path:
+    """A zip shaped like an AOTInductor package (what inspect_package checks), with no code that could run;
+    `calls` names the custom ops its extern-node JSON lists (what the proxy executor would call in Python)."""
     aoti = {"AOTI_DEVICE_KEY": "cpu", "AOTI_PLATFORM": sys.platform, "AOTI_COMPUTE_CAPABILITY": "", **meta}
     root = path.stem
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(f"{root}/archive_format", "pt2")
         z.writestr(f"{root}/data/aotinductor/model/abc.wrapper.so", os.urandom(256))
         z.writestr(f"{root}/data/aotinductor/model/abc.wrapper_metadata.json", json.dumps(aoti))
+        if calls:
+            nodes = [{"name": f"buf{i}", "node": {"target": op, "inputs": []}} for i, op in enumerate(calls)]
+            z.writestr(f"{root}/data/aotinductor/model/abc.wrapper.json", json.dumps({"nodes": nodes}))
     path.chmod(0o644)
     return path
 
@@ -144,3 +149,30 @@ def test_export_checks_its_arguments_before_tracing(tmp_path):
         export(model, (x,), tmp_path / "m.pt2", dynamic={"y": {0: (1, 8)}})
     with pytest.raises(UsageError, match="x has 2 dims, so dim 2 is out of range"):
         export(model, (x,), tmp_path / "m.pt2", dynamic={"x": {2: (1, 8)}})
+
+
+def test_a_package_calling_an_unregistered_custom_op_is_refused_before_the_probe(tmp_path, monkeypatch):
+    probe_with(monkeypatch, CRASH)  # never reached
+    path = fake_package(tmp_path / "m.pt2", calls=("fullgraph::rms_norm", "nosuchlib::fused_thing"))
+    with pytest.raises(DeployError) as e:
+        load(path)
+    msg = str(e.value)
+    assert "nothing imported here registers (nosuchlib::fused_thing)" in msg
+    assert "probe" not in msg and "rms_norm" not in msg  # fullgraph's own are registered by load
+
+
+def test_a_cpu_package_calling_our_triton_kernels_needs_the_interpreter(tmp_path, monkeypatch):
+    probe_with(monkeypatch, "raise SystemExit('probed')")
+    kernels = fake_package(tmp_path / "k.pt2", calls=("fullgraph::rms_norm", "fullgraph::modulate"))
+    sdpa = fake_package(tmp_path / "s.pt2", calls=("fullgraph::sdpa_math",))  # one of ours, not a Triton kernel
+    monkeypatch.setattr(env, "triton_runs_on", lambda device: (False, "CPU tensors need TRITON_INTERPRET=1"))
+    with pytest.raises(DeployError) as e:
+        load(kernels)
+    msg = str(e.value)
+    assert "Triton kernels as opaque ops (fullgraph::modulate, fullgraph::rms_norm" in msg
+    assert "cannot run on cpu here: CPU tensors need TRITON_INTERPRET=1" in msg and "--ops none" in msg
+    with pytest.raises(DeployError, match=r"failed in a probe process \(exit 1: probed\)"):
+        load(sdpa)  # passed the op checks: the probe ran
+    monkeypatch.setattr(env, "triton_runs_on", lambda device: (True, "TRITON_INTERPRET=1"))
+    with pytest.raises(DeployError, match=r"failed in a probe process \(exit 1: probed\)"):
+        load(kernels)

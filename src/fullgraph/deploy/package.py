@@ -11,6 +11,13 @@ shared library and the weights. `load` never takes the process down:
    `aoti_load_package`), so the package is first loaded in a child process; its verdict is kept per file
    content (sha256), torch and device in `<fullgraph cache dir>/aoti_probes.json`, so the probe runs once per file;
 3. only a package whose probe passed is loaded here.
+
+Our ops inside a package: on a GPU, Inductor traces into the Triton kernels (`triton_op`), so the package holds
+them as compiled code. An op it cannot trace into (an opaque `custom_op`: the attention backends, and every
+Triton kernel under TRITON_INTERPRET=1, as on a CPU) stays a call back into Python through AOTInductor's proxy
+executor, listed in the package's extern-node JSON: the loading process needs its Python registration (fullgraph's
+own come with `import fullgraph.ops`, which `load` does) and, for a Triton kernel, a device Triton runs on there.
+`load` checks both before anything runs.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from fullgraph import env
 from fullgraph._files import write_atomic
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
@@ -163,6 +171,12 @@ def _sha256(f) -> str:
 def inspect_package(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
     """Check a package without running it: who can write it, that it is a PT2 zip with AOTInductor code, and
     what it was built for. Returns (sha256 of the file, its AOTInductor metadata)."""
+    sha, meta, _ = _read_package(path)
+    return sha, meta
+
+
+def _read_package(path: str | os.PathLike) -> tuple[str, dict[str, str], tuple[str, ...]]:
+    """`inspect_package`, plus the custom ops the package calls through Python ("ns::name", sorted)."""
     shown = display_path(path)
     with open_trusted(path, "AOTInductor package") as f:
         try:
@@ -180,6 +194,8 @@ def inspect_package(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
                 meta = json.loads(z.read(metas[0])) if metas else {}
                 if not isinstance(meta, dict):
                     raise ValueError(f"metadata is a {type(meta).__name__}, not an object")
+                externs = [n for n in code if n.endswith(".json") and not n.endswith("_metadata.json")]
+                ops = tuple(sorted({op for n in externs for op in _extern_ops(json.loads(z.read(n)))}))
         except (zipfile.BadZipFile, EOFError, ValueError, KeyError, OSError) as e:  # truncated, damaged, bad JSON
             raise DeployError(
                 f"{shown} is not a readable package ({first_line(e)}): damaged or truncated; {_REBUILD}"
@@ -187,7 +203,16 @@ def inspect_package(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
         f.seek(0)
         sha = _sha256(f)
     _check_target(shown, meta)
-    return sha, meta
+    return sha, meta, ops
+
+
+def _extern_ops(extern: Any) -> list[str]:
+    """The ops named in AOTInductor's extern-node JSON ({"nodes": [{"node": {"target": "ns::op"}}, ...]}): the
+    calls its proxy executor makes into Python, by name without the overload."""
+    nodes = extern.get("nodes") if isinstance(extern, dict) else None
+    inner = (n.get("node") for n in (nodes if isinstance(nodes, list) else ()) if isinstance(n, dict))
+    targets = (node.get("target") for node in inner if isinstance(node, dict))
+    return [t.split(".")[0] for t in targets if isinstance(t, str) and "::" in t]
 
 
 def _check_target(shown: str, meta: Mapping[str, str]) -> None:
@@ -209,6 +234,42 @@ def _check_target(shown: str, meta: Mapping[str, str]) -> None:
         wrong.append(f"torch {built_torch} there, {here['torch']} here")
     if wrong:
         raise DeployError(f"refusing package {shown}: {'; '.join(wrong)}; {_REBUILD}")
+
+
+def _is_triton_kernel(qualname: str) -> bool:
+    """Is `qualname` one of fullgraph's Triton kernels (registered from fullgraph.kernels), not another op of ours?"""
+    try:
+        from torch._library.custom_ops import OPDEFS  # every op made by torch.library.custom_op / triton_op
+    except ImportError:
+        return False
+    launcher = getattr(OPDEFS.get(qualname), "launcher", None)
+    return getattr(launcher, "__module__", "").startswith("fullgraph.kernels.")
+
+
+def _check_custom_ops(shown: str, meta: Mapping[str, str], ops: Sequence[str]) -> None:
+    """Refuse a package whose Python custom ops cannot run here (call after `import fullgraph.ops`)."""
+    missing = []
+    for qualname in ops:
+        namespace, _, name = qualname.partition("::")
+        try:
+            getattr(getattr(torch.ops, namespace), name)
+        except (AttributeError, RuntimeError):
+            missing.append(qualname)
+    if missing:
+        raise DeployError(
+            f"{shown} calls custom ops through Python that nothing imported here registers ({', '.join(missing)}); "
+            "import the module that defines them before loading (fullgraph's own come with fullgraph.ops)"
+        )
+    kernels = [op for op in ops if op.startswith("fullgraph::") and _is_triton_kernel(op)]
+    device = meta.get("AOTI_DEVICE_KEY") or "cpu"
+    runs, why = env.triton_runs_on(device) if kernels else (True, "")
+    if not runs:
+        raise DeployError(
+            f"{shown} calls fullgraph's Triton kernels as opaque ops ({', '.join(kernels)}: exported where Inductor "
+            f"could not trace into them, as under TRITON_INTERPRET=1), and they cannot run on {device} here: {why}; "
+            "set TRITON_INTERPRET=1 before importing fullgraph, or export with the native policy "
+            "(fullgraph.ops.policy(all='native'), `fullgraph export --ops none`)"
+        )
 
 
 # ---- the probe: load once in a child process ----------------------------------------------------------------------
@@ -306,8 +367,18 @@ def _last_words(output: str) -> str:
 class LoadedPackage:
     """A loaded AOTInductor package: call it like the exported model (`loaded(x)`)."""
 
-    def __init__(self, path: str, sha256: str, metadata: Mapping[str, str], model: Callable):
+    def __init__(
+        self,
+        path: str,
+        sha256: str,
+        metadata: Mapping[str, str],
+        model: Callable,
+        custom_ops: Sequence[str] = (),
+        verdict: Mapping[str, Any] | None = None,
+    ):
         self.path, self.sha256, self.metadata = path, sha256, dict(metadata)
+        self.custom_ops = tuple(custom_ops)  # ops the package calls through Python ("fullgraph::rms_norm", ...)
+        self.verdict = verdict  # the probe's (`probe`), or None when it was skipped
         self._model = model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -327,16 +398,21 @@ def load(
 ) -> LoadedPackage:
     """Load an AOTInductor package as a callable, without risking this process.
 
-    The file is checked first (see the module docstring); then, with `probe_first` (the default), it is loaded
-    once in a child process and loaded here only if that worked: a crash there (a segmentation fault in torch's
-    native loader, say) becomes a DeployError naming the exit. The verdict is cached by the file's content, so
-    later loads of the same file skip the probe; one takes `probe_timeout` seconds at most. `device_index` picks
-    the GPU (-1: the current one).
+    The file is checked first (see the module docstring), and so are the custom ops it calls through Python:
+    registered here and, for our Triton kernels, runnable on the package's device. Then, with `probe_first` (the
+    default), it is loaded once in a child process and loaded here only if that worked: a crash there (a
+    segmentation fault in torch's native loader, say) becomes a DeployError naming the exit. The verdict is cached
+    by the file's content, so later loads of the same file skip the probe; one takes `probe_timeout` seconds at
+    most. `device_index` picks the GPU (-1: the current one).
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
     shown = display_path(path)
-    sha, meta = inspect_package(path)
+    sha, meta, ops = _read_package(path)
+    import fullgraph.ops  # noqa: F401 - registers our custom ops, which the package may call
+
+    _check_custom_ops(shown, meta, ops)
+    verdict = None
     if probe_first:
         verdict = probe(path, device_index=device_index, timeout=probe_timeout)
         if not verdict["ok"]:
@@ -346,10 +422,8 @@ def load(
                 f"loading {shown} {how} a probe process ({_exit_text(verdict['rc'])}: {verdict['detail']}){seen}; "
                 f"not loaded here. {_REBUILD}, or use cache artifacts (fullgraph.deploy.save_cache) instead"
             )
-    import fullgraph.ops  # noqa: F401 - registers our custom ops, which the package may call
-
     try:
         model = torch._inductor.aoti_load_package(path, device_index=device_index)
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
-    return LoadedPackage(os.path.abspath(path), sha, meta, model)
+    return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict)

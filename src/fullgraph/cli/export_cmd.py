@@ -1,0 +1,239 @@
+"""`fullgraph export TARGET --input SPEC -o model.pt2` and `fullgraph load model.pt2`: AOTInductor packages from
+the command line, through `fullgraph.deploy.export` and `fullgraph.deploy.load`.
+
+`export` builds the package, then (unless --no-check) loads it as a user would (checked, probed in a child
+process, loaded here) and compares its output with eager fp32. `load` loads a package and runs it once, on the
+inputs given or, by default, on random inputs shaped as those it was exported with; it prints the load time, the
+first call's time, the steady time and the output shapes.
+
+Exit codes: 2 for a command line that cannot be used as given (a bad spec or flag, a TARGET that does not import,
+a file that does not exist), before anything is built; 1 when the work itself fails (torch.export cannot capture
+the model, a package is refused, crashes its probe or fails on its inputs, an output past the tolerance).
+Both print one line on stderr; `fullgraph --verbose` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from fullgraph._paths import display_path
+from fullgraph.cli._args import add_target_args
+
+# Under the names main.py registers: one module, two commands.
+EXPORT, LOAD = "export", "load"
+
+
+def add_parser(sub, name: str, help_text: str) -> None:
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    if name == EXPORT:
+        add_target_args(p)
+        p.add_argument("-o", "--output", required=True, metavar="FILE.pt2", help="the package to write")
+        p.add_argument("--dynamic", default=None, metavar="JSON",
+                       help='dynamic dims with their ranges, e.g. \'{"x": {"0": [1, 32]}}\'')  # fmt: skip
+        p.add_argument("--dtype", default=None, help="cast the model and floating inputs: fp32, bf16 or fp16")
+        p.add_argument("--ops", default=None, metavar="SPEC",
+                       help="op policies for the export, as FULLGRAPH_OPS: none (all native), +rms_norm")  # fmt: skip
+        p.add_argument("--no-check", action="store_true", help="skip loading the package and comparing with eager")
+        p.set_defaults(run=run_export)
+    else:
+        p.add_argument("package", metavar="FILE.pt2", help="an AOTInductor package (fullgraph export ... -o FILE.pt2)")
+        p.add_argument("--input", action="append", default=[], metavar="SPEC",
+                       help="an input, e.g. 4x3x224x224:fp32; repeat for several (default: random inputs of the "
+                            "shapes it was exported with)")  # fmt: skip
+        p.add_argument("--reps", type=int, default=20, help="timed calls after the first (default 20)")
+        p.set_defaults(run=run_load)
+
+
+def _failed(args, e: Exception) -> int:
+    """A runtime failure: one line and exit 1 (usage errors go through main: exit 2)."""
+    if args.verbose:
+        raise e
+    print(f"fullgraph {args.command}: error: {e}", file=sys.stderr)
+    return 1
+
+
+def _dynamic(text: str | None):
+    """--dynamic as fullgraph.compile reads it, restricted to declared dims (export has no automatic dynamic)."""
+    from fullgraph.cli.compile_cmd import parse_dynamic
+    from fullgraph.errors import UsageError
+
+    spec = parse_dynamic(text)
+    if spec in ("preset", None, False):
+        return None
+    if not isinstance(spec, dict):
+        raise UsageError(f'--dynamic {text}: export declares dims with ranges; give e.g. \'{{"x": {{"0": [1, 32]}}}}\'')
+    return spec
+
+
+def run_export(args) -> int:
+    from fullgraph.deploy import DeployError
+
+    try:
+        return _export(args)
+    except DeployError as e:
+        return _failed(args, e)
+
+
+def _export(args) -> int:
+    import time
+
+    import torch
+    from torch import nn
+
+    import fullgraph.ops
+    from fullgraph import deploy
+    from fullgraph.cli.progress import progress_reporter
+    from fullgraph.deploy import DeployError
+    from fullgraph.diagnose.configs import TOLERANCE, rel_err
+    from fullgraph.diagnose.target import load_target, parse_dtype
+    from fullgraph.env import first_line
+    from fullgraph.errors import FullgraphError, UsageError
+    from fullgraph.ops.policies import parse_spec
+    from fullgraph.timing import resolve_device
+
+    dynamic = _dynamic(args.dynamic)
+    dtype = parse_dtype(args.dtype) if args.dtype else None
+    policies = parse_spec(args.ops) if args.ops else {}
+    device = resolve_device(args.device)
+    with fullgraph.ops.policy(**policies), progress_reporter() as say:  # the policy checks the op names first
+        say(f"loading {args.target} on {device}")
+        model, example = load_target(args.target, args.input, device)
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"{args.target} is a function; export takes an nn.Module (wrap it in one)")
+        if example.kwargs:
+            raise UsageError(f"export takes positional inputs only; {', '.join(example.kwargs)} given by name")
+        with torch.no_grad():
+            try:
+                ref = example.call(model)
+            except Exception as e:
+                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
+        x = example
+        if dtype is not None:
+            model, x = model.to(dtype), example.cast(dtype)
+        say(f"exporting to {args.output} (torch.export, then AOTInductor builds it)")
+        start = time.perf_counter()
+        path = deploy.export(model, x.args, args.output, dynamic=dynamic)
+        built_s = time.perf_counter() - start
+        if not args.no_check:
+            say("checking: loading it in a probe process, then here, and running it")
+            start = time.perf_counter()
+            loaded = deploy.load(path)
+            load_s = time.perf_counter() - start
+            _, out = run_once(loaded, x)
+    size_mb = os.path.getsize(path) / 1e6
+    declared = f", dynamic {args.dynamic}" if dynamic else ""
+    inputs = ", ".join(x.describe())
+    print(f"exported {args.target} to {path} ({size_mb:.1f} MB) in {built_s:.1f} s; inputs {inputs}{declared}")
+    if args.no_check:
+        print(f"not checked (--no-check); to load and run it: fullgraph load {path}")
+        return 0
+    err = rel_err(out, ref)
+    tol = TOLERANCE.get(dtype or example.floating_dtype() or torch.float32, 1e-3)
+    ops = ", ".join(loaded.custom_ops) or "none"
+    print(f"custom ops it calls through Python: {ops}")
+    print(f"loaded in {load_s:.1f} s ({_probe_text(loaded.verdict)})")
+    print(f"error against eager fp32: {err:.2e} (tolerance {tol:g})")
+    print(f'to run it: fullgraph load {path}; in Python: model = fullgraph.load("{path}")')
+    if not err <= tol:
+        raise DeployError(f"the package's output is {err:.2e} from eager fp32, past the tolerance {tol:g}")
+    return 0
+
+
+def run_once(loaded, x) -> tuple[float, object]:
+    """(seconds, output) of one call of a loaded package on inputs `x` (an Example). Inputs that do not fit the
+    package are a UsageError (exit 2); any other failure a DeployError (exit 1)."""
+    import re
+
+    import torch
+
+    from fullgraph.deploy import DeployError
+    from fullgraph.env import first_line
+    from fullgraph.errors import UsageError
+    from fullgraph.timing import first_call
+
+    shown = display_path(loaded.path)
+    # AOTInductor checks input shapes, dtypes and dynamic ranges only when this is set (read once per process, at
+    # the first call): without it, inputs of other shapes run and return wrong results, or read out of bounds.
+    os.environ.setdefault("AOTI_RUNTIME_CHECK_INPUTS", "1")
+    with torch.no_grad():
+        try:
+            return first_call(lambda: x.call(loaded), x.device)
+        except Exception as e:
+            msg = first_line(e)
+            unfit = re.search(r"input_handles\[(\d+)\]: (.*)", msg)
+            if unfit or "expected inputs vector size" in msg:
+                where = f"input {unfit.group(1)}: {unfit.group(2)}" if unfit else msg.split(": ", 1)[-1]
+                raise UsageError(
+                    f"the inputs ({', '.join(x.describe())}) do not fit {shown} ({where}); it was exported with "
+                    f"{loaded.inputs}"
+                ) from e
+            raise DeployError(f"{shown} loaded but failed on inputs {', '.join(x.describe())}: {msg}") from e
+
+
+def _probe_text(verdict) -> str:
+    if verdict is None:
+        return "no probe"
+    if verdict.get("cached"):
+        return f"probe verdict cached from an earlier load; that probe took {verdict['seconds']:.1f} s"
+    return f"of which {verdict['seconds']:.1f} s loading it first in a probe process"
+
+
+def recorded_specs(signature: str | None, shown: str) -> list[str]:
+    """Input specs from the signature `export` records ("4x8:float32@cpu, 2x8:float32@cpu")."""
+    from fullgraph.errors import UsageError
+
+    if not signature:
+        raise UsageError(f"{shown} does not record its inputs (not made by fullgraph export); give them with --input")
+    specs = []
+    for part in signature.split(", "):
+        spec, at, _ = part.rpartition("@")
+        if not at or ":" not in spec or not spec.split(":")[0]:
+            raise UsageError(f"{shown} was exported with inputs {signature!r}; give them with --input")
+        specs.append(spec)
+    return specs
+
+
+def run_load(args) -> int:
+    from fullgraph.deploy import DeployError
+
+    try:
+        return _load(args)
+    except DeployError as e:
+        return _failed(args, e)
+
+
+def _load(args) -> int:
+    import time
+
+    import torch
+
+    from fullgraph import deploy
+    from fullgraph.cli.progress import progress_reporter
+    from fullgraph.diagnose.target import inputs_from_specs
+    from fullgraph.errors import UsageError
+    from fullgraph.timing import measure
+
+    path, shown = args.package, display_path(args.package)
+    if args.reps < 1:
+        raise UsageError("--reps must be at least 1")
+    if not os.path.exists(path):
+        raise UsageError(f"{shown} does not exist; give the path of a package (fullgraph export ... -o FILE.pt2)")
+    import fullgraph.ops  # noqa: F401 - imported by load anyway; here so that the load time below is the load's
+
+    with progress_reporter() as say:
+        say(f"loading {shown} (checked, probed in a child process once per file, then loaded here)")
+        start = time.perf_counter()
+        loaded = deploy.load(path)
+        load_s = time.perf_counter() - start
+        device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
+        x = inputs_from_specs(args.input or recorded_specs(loaded.inputs, shown), device)
+        say(f"running it on {', '.join(x.describe())}")
+        first_s, out = run_once(loaded, x)
+        with torch.no_grad():
+            steady = measure(lambda: x.call(loaded), device=device, warmup=2, reps=args.reps)
+    print(f"loaded {shown} in {load_s:.2f} s ({_probe_text(loaded.verdict)})")
+    print(f"inputs {', '.join(x.describe())}" + ("" if args.input else " (shaped as exported, random values)"))
+    print(f"first call {first_s * 1e3:.2f} ms, then {steady.median_ms:.3f} ms (median of {args.reps})")
+    print(f"output {deploy.input_signature(out)}")
+    return 0
