@@ -55,6 +55,10 @@ def test_auto_under_compile_follows_the_measured_table_of_this_gpu(monkeypatch):
     assert measured.compiled_choice("rms_norm", torch.device("cuda", 0)) == "native"  # not measured there
     assert measured.compiled_choice("toy_double", torch.device("cuda", 1)) == "native"  # a GPU nobody measured
     assert measured.compiled_choice("toy_double", torch.device("cpu")) == "native"
+    monkeypatch.setitem(measured.COMPILED_KERNEL_MIN_NUMEL, "Measured GPU", {"toy_double": 100})
+    assert measured.compiled_choice("toy_double", torch.device("cuda", 0), 100) == "kernel"
+    assert measured.compiled_choice("toy_double", torch.device("cuda", 0), 99) == "native"  # too small to pay
+    assert measured.compiled_choice("toy_double", torch.device("cuda", 0)) == "native"  # size unknown: the safe form
     if env.triton_runs_on("cpu")[0]:  # under compile, auto on the CPU is the native form whatever the table says
         assert Double().implementation("cpu", compiling=True) == "native"
 

@@ -35,9 +35,10 @@ _FUNCTIONAL: dict = {}  # the functional forms' eager choices, as CustomOp insta
 _CACHE_MAX = 64  # a choice cache holds this many (policy state, device, size class) entries before it starts over
 
 
-def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool, small: bool = False) -> str:
+def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool, small: bool = False,
+           numel: int | None = None) -> str:  # fmt: skip
     """ "native" or "kernel" for one call of `op` on `device` (`small`: an eager input below the size where a
-    kernel pays, `measured.eager_kernel_pays`)."""
+    kernel pays, `measured.eager_kernel_pays`; `numel`: the main input's size, for the compiled choice)."""
     pol = effective(op, instance_policy)
     if pol == _NATIVE:
         return "native"
@@ -50,7 +51,7 @@ def choose(op: str, instance_policy: str | None, device: torch.device, compiling
     if not runs:
         return "native"
     if compiling:
-        return measured.compiled_choice(op, device)
+        return measured.compiled_choice(op, device, numel)
     return "native" if small else "kernel"
 
 
@@ -60,7 +61,7 @@ def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: 
     size class (in `cache`, an instance's, or one shared by the functional forms), so a steady eager call costs a
     dict lookup; `numel` (the main input's) decides whether eager `auto` is below the size where a kernel pays."""
     if torch.compiler.is_compiling():
-        impl = choose(op, instance_policy, device, True)
+        impl = choose(op, instance_policy, device, True, numel=numel)
         count_trace(op, impl)
         return impl
     small = numel is not None and not measured.eager_kernel_pays(device.type, numel)

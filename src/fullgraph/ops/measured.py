@@ -29,6 +29,15 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
     },
 }
 
+# GPU name -> {op: the main input's element count from which a "kernel" entry above applies}; below it the native
+# form. For linear_gelu that input is x, rows x in_features. On the H200 the fused GEMM (cuBLASLt with an epilogue)
+# costs more host time per call than addmm + GELU compiled by Inductor: timm-weight ViT-B/16 at batch 4 in default
+# mode (x: 788 x 768 = 0.6M elements, host-bound) ran 3.619 ms with it against 2.490 ms without, while under CUDA
+# graphs it was faster (0.626 against 0.675 ms; benchmarks/results/vit_probe_h200.txt). The smallest measured win
+# in default mode is the DiT's x at 1024 tokens (1024 x 3072 = 3.1M elements: 0.970x against 0.940x plain), so
+# the line sits between: 2**21.
+COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {"NVIDIA H200": {"linear_gelu": 1 << 21}}
+
 
 # Eager `auto` on a GPU takes the kernel only from this many elements of the main input up: below it a call is
 # host-bound and the kernel's launch path (a Python launcher, Triton's argument handling) costs more than the GPU
@@ -45,12 +54,17 @@ def eager_kernel_pays(device_type: str, numel: int) -> bool:
     return numel >= EAGER_KERNEL_MIN_NUMEL.get(device_type, 0)
 
 
-def compiled_choice(op: str, device: torch.device | None = None) -> str:
-    """The implementation measured as faster inside a compiled graph on `device`'s GPU; "native" for ops and
-    devices without a measurement."""
+def compiled_choice(op: str, device: torch.device | None = None, numel: int | None = None) -> str:
+    """The implementation measured as faster inside a compiled graph on `device`'s GPU for a main input of `numel`
+    elements; "native" for ops, devices and sizes without a measurement."""
     if device is None or device.type != "cuda":
         return "native"
-    return COMPILED_CHOICE.get(gpu_name(device.index), {}).get(op, "native")
+    name = gpu_name(device.index)
+    choice = COMPILED_CHOICE.get(name, {}).get(op, "native")
+    floor = COMPILED_KERNEL_MIN_NUMEL.get(name, {}).get(op)
+    if choice == "kernel" and floor is not None and (numel is None or numel < floor):
+        return "native"
+    return choice
 
 
 _names: dict[int | None, str] = {}
