@@ -4,6 +4,8 @@ models import ops only; compiling is applied from outside)."""
 from fullgraph.models.dit import CONFIGS as DIT_CONFIGS
 from fullgraph.models.dit import DiT, DiTConfig, PlainDiT, dit
 from fullgraph.models.nms import BatchedNMS, NMSOutput, nms
+from fullgraph.models.robot import CONFIGS as ROBOT_CONFIGS
+from fullgraph.models.robot import RobotConfig, RobotModel, dynamic_spec, recommended_plan, robot, robot_tiny
 from fullgraph.models.vit import CONFIGS as VIT_CONFIGS
 from fullgraph.models.vit import (
     AutoDrivingViT,
@@ -19,6 +21,7 @@ from fullgraph.models.vit import (
 
 __all__ = [
     "DIT_CONFIGS",
+    "ROBOT_CONFIGS",
     "VIT_CONFIGS",
     "AutoDrivingViT",
     "BatchedNMS",
@@ -27,11 +30,17 @@ __all__ = [
     "NMSOutput",
     "PlainDiT",
     "PlainViT",
+    "RobotConfig",
+    "RobotModel",
     "ViT",
     "ViTConfig",
     "dit",
+    "dynamic_spec",
     "load_timm_state_dict",
     "nms",
+    "recommended_plan",
+    "robot",
+    "robot_tiny",
     "vit_b16",
     "vit_l16",
     "vit_small",
