@@ -253,3 +253,23 @@ def test_attention_module_matches_its_own_math():
         ref = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False, mask, 8**-0.5)
         expect = m.proj(ref.transpose(1, 2).flatten(2).float())
         assert rel_err(m(x, attn_mask=mask), expect) < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiles_with_a_declared_dynamic_length_and_serves_new_lengths_without_recompiling(causal):
+    def f(q, k, v):
+        return attention(q, k, v, layout="bsnd", causal=causal)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="eager", dynamic=False)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for n in (37, 50, 129):
+        q, k, v = (torch.randn(2, n, 4, 16) for _ in range(3))
+        for t in (q, k, v):
+            torch._dynamo.mark_dynamic(t, 1, min=2, max=512)
+        out = compiled(q, k, v)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2).double() for t in (q, k, v)), is_causal=causal
+        ).transpose(1, 2)
+        assert rel_err(out, ref) < 1e-5
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames + 1  # one graph for every length

@@ -107,17 +107,21 @@ class Spec(NamedTuple):
     mask: str  # "none", "bool" or "float"
 
 
-def _static(n) -> int:
-    return n if isinstance(n, int) else -1
-
-
 def spec_of(q, k, attn_mask, causal: bool) -> Spec:
-    """q [B, Hq, Nq, D], k [B, Hkv, Nk, D]; sizes that torch.compile keeps symbolic become -1."""
+    """q [B, Hq, Nq, D], k [B, Hkv, Nk, D]. Every field is a plain value: the constant-result functions that take
+    the spec reject a symbolic one, and Dynamo hides whether a size is symbolic (isinstance(n, int) is True for
+    one), so while torch.compile traces the lengths are -1 and `square` comes from a branch, which Dynamo resolves
+    with a guard (no guard at all when q and k share one symbolic length, as in self-attention)."""
     mask = "none" if attn_mask is None else "bool" if attn_mask.dtype == torch.bool else "float"
-    nq, nk = q.shape[2], k.shape[2]
+    if torch.compiler.is_compiling():
+        nq = nk = -1
+        square = True if q.shape[2] == k.shape[2] else False  # noqa: SIM210
+    else:
+        nq, nk = int(q.shape[2]), int(k.shape[2])
+        square = nq == nk
     return Spec(
         q.device.type, q.device.index, str(q.dtype).removeprefix("torch."), int(q.shape[1]), int(k.shape[1]),
-        int(q.shape[3]), _static(nq), _static(nk), bool(nq == nk), bool(causal), mask,
+        int(q.shape[3]), nq, nk, square, bool(causal), mask,
     )  # fmt: skip
 
 
