@@ -263,6 +263,24 @@ def _cpu_ticks() -> dict[str, tuple[int, int]]:
     return out
 
 
+def busy_cores(interval_s: float = 0.25) -> int | None:
+    """How many of this process's cores other work kept busy (BUSY_CORE of the time) while this process slept for
+    `interval_s`; None without /proc/stat."""
+    before = _cpu_ticks()
+    if not before:
+        return None
+    time.sleep(interval_s)
+    after = _cpu_ticks()
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(allowed)
+    busy = 0
+    for c in cores:
+        b0, t0 = before.get(f"cpu{c}", (0, 0))
+        b1, t1 = after.get(f"cpu{c}", (0, 0))
+        busy += t1 > t0 and (b1 - b0) / (t1 - t0) >= BUSY_CORE
+    return busy
+
+
 def cpu_threads_available(interval_s: float = 0.25) -> tuple[int, str]:
     """How many threads CPU timing should use, and why: this process's cores less those other work keeps busy.
 
@@ -272,17 +290,9 @@ def cpu_threads_available(interval_s: float = 0.25) -> tuple[int, str]:
     own thread count."""
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     default = min(torch.get_num_threads(), allowed)
-    before = _cpu_ticks()
-    if not before:
+    busy = busy_cores(interval_s)
+    if busy is None:
         return default, f"{default} thread(s), torch's default (no /proc/stat to see other load)"
-    time.sleep(interval_s)
-    after = _cpu_ticks()
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(allowed)
-    busy = 0
-    for c in cores:
-        b0, t0 = before.get(f"cpu{c}", (0, 0))
-        b1, t1 = after.get(f"cpu{c}", (0, 0))
-        busy += t1 > t0 and (b1 - b0) / (t1 - t0) >= BUSY_CORE
     # All cores idle: still leave one to the rest of the system, so a burst of other work cannot stall every
     # parallel region of every call (on 16 cores that costs a sixteenth; on 2 it buys stable timings).
     n = max(1, min(default, allowed - max(busy, 1)))

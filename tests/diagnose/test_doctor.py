@@ -10,6 +10,7 @@ from fullgraph.diagnose.configs import NOISY_P80_P20
 from fullgraph.diagnose.demo import demo
 from fullgraph.diagnose.report import Report
 from fullgraph.errors import UsageError
+from fullgraph.timing import busy_cores
 from tests.diagnose import models
 
 STATUS_DYNAMIC = "Dynamic shapes handled (fixed, bucketed or declared dynamic)"
@@ -108,8 +109,10 @@ def test_a_busy_core_never_yields_a_lead_inside_the_noise():
     """With a busy-loop on one core, the doctor recommends what it recommends unloaded or marks rows noisy; and a
     recommendation that is not a tie leads every other row by more than both rows' spread."""
     model, inputs = demo()
+    idle_before = busy_cores() == 0
     quiet = doc.doctor(model, inputs, reps=20, profile=False)
-    assert not [c.name for c in quiet.configs if c.noisy], "unloaded, no row may be marked noisy"
+    if idle_before and busy_cores() == 0:  # the premise of "unloaded" holds (another process may load a shared VM)
+        assert not [c.name for c in quiet.configs if c.noisy], "unloaded, no row may be marked noisy"
     busy = subprocess.Popen([sys.executable, "-c", BUSY.format(s=120)])
     try:
         loaded = doc.doctor(model, inputs, reps=20, profile=False)
