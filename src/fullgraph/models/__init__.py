@@ -3,7 +3,7 @@ models import ops only; compiling is applied from outside)."""
 
 from fullgraph.models.dit import CONFIGS as DIT_CONFIGS
 from fullgraph.models.dit import DiT, DiTConfig, PlainDiT, dit
-from fullgraph.models.nms import BatchedNMS, NMSOutput, nms
+from fullgraph.models.nms import BatchedNMS, NMSOutput, batched_nms, nms, replace_torchvision_nms
 from fullgraph.models.robot import CONFIGS as ROBOT_CONFIGS
 from fullgraph.models.robot import RobotConfig, RobotModel, dynamic_spec, recommended_plan, robot, robot_tiny
 from fullgraph.models.vit import CONFIGS as VIT_CONFIGS
@@ -34,11 +34,13 @@ __all__ = [
     "RobotModel",
     "ViT",
     "ViTConfig",
+    "batched_nms",
     "dit",
     "dynamic_spec",
     "load_timm_state_dict",
     "nms",
     "recommended_plan",
+    "replace_torchvision_nms",
     "robot",
     "robot_tiny",
     "vit_b16",
