@@ -15,8 +15,10 @@ named by their keyword; those caught by ``*args`` as ``args[0]``. Outputs are na
 """
 
 import bisect
+import contextlib
 import inspect
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -71,13 +73,24 @@ def check_dynamic_spec(spec: object) -> dict[str, dict[int, Range]]:
 
 
 def _signature(model: Callable) -> inspect.Signature:
-    """The signature that names the inputs: a module's forward, seen through torch.compile's wrapper."""
+    """The signature that names the inputs: a module's forward, seen through torch.compile's wrapper (kept per
+    forward function: `declare_dynamic` runs on every call, and reading a signature costs tens of µs)."""
     inner = getattr(model, "_orig_mod", model)
     fn = inner.forward if isinstance(inner, torch.nn.Module) else inner
+    key = getattr(fn, "__func__", fn)  # a bound forward is a new object per access; its function is not
+    found = _signatures.get(key)
+    if found is not None and found[0] == inspect.ismethod(fn):
+        return found[1]
     try:
-        return inspect.signature(fn)
+        sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
         raise UsageError(f"cannot read the signature of {fn!r} to name its inputs ({e}); wrap it in a def") from e
+    with contextlib.suppress(TypeError):  # not weak-referenceable: read again next time
+        _signatures[key] = (inspect.ismethod(fn), sig)
+    return sig
+
+
+_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _bind(sig: inspect.Signature, args: Sequence, kwargs: Mapping) -> inspect.BoundArguments:
@@ -144,8 +157,11 @@ def declare_dynamic(
     """
     spec = check_dynamic_spec(spec)
     named = _named(_bind(_signature(model), args, kwargs or {}))
-    leaves, _ = pytree.tree_flatten_with_path(named)
-    tensors = {_render(kp): v for kp, v in leaves if isinstance(v, torch.Tensor)}
+    if all(isinstance(named.get(path), torch.Tensor) for path in spec):  # every path an input tensor: no walk
+        tensors = {path: named[path] for path in spec}
+    else:
+        leaves, _ = pytree.tree_flatten_with_path(named)
+        tensors = {_render(kp): v for kp, v in leaves if isinstance(v, torch.Tensor)}
     marks, notes = [], []
     for path, dims in spec.items():
         root = _root(path)
