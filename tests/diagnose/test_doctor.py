@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -104,15 +105,25 @@ def test_budget_skips_the_slowest_and_says_so():
 BUSY = "import time\nt = time.time() + {s}\nwhile time.time() < t:\n    pass\n"
 
 
+def unloaded_doctor(model, inputs, attempts: int = 3):
+    """The doctor's report from a run during which no other process held a core (sampled before and after it);
+    the test is skipped, not passed, when a shared machine never gets quiet enough to run its unloaded half."""
+    for _ in range(attempts):
+        if busy_cores() == 0:
+            report = doc.doctor(model, inputs, reps=20, profile=False)
+            if busy_cores() == 0:
+                return report
+        time.sleep(5)
+    pytest.skip("another process kept a core busy: the unloaded half cannot run on this machine now")
+
+
 @pytest.mark.slow
 def test_a_busy_core_never_yields_a_lead_inside_the_noise():
     """With a busy-loop on one core, the doctor recommends what it recommends unloaded or marks rows noisy; and a
     recommendation that is not a tie leads every other row by more than both rows' spread."""
     model, inputs = demo()
-    idle_before = busy_cores() == 0
-    quiet = doc.doctor(model, inputs, reps=20, profile=False)
-    if idle_before and busy_cores() == 0:  # the premise of "unloaded" holds (another process may load a shared VM)
-        assert not [c.name for c in quiet.configs if c.noisy], "unloaded, no row may be marked noisy"
+    quiet = unloaded_doctor(model, inputs)
+    assert not [c.name for c in quiet.configs if c.noisy], "unloaded, no row may be marked noisy"
     busy = subprocess.Popen([sys.executable, "-c", BUSY.format(s=120)])
     try:
         loaded = doc.doctor(model, inputs, reps=20, profile=False)
