@@ -21,3 +21,15 @@ def add_target_args(p, *, optional_target: str | None = None) -> None:
         help="an input, e.g. 4x3x224x224:fp32; name=SPEC for a keyword input; repeat for several",
     )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+
+
+def check_search_flags(args) -> None:
+    """--reps, --budget and --threads of the commands that time configurations (doctor, tune): one error each."""
+    from fullgraph.errors import UsageError
+
+    if args.reps < 1:
+        raise UsageError("--reps must be at least 1")
+    if args.budget is not None and args.budget <= 0:
+        raise UsageError("--budget must be a positive number of seconds")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be at least 1")

@@ -4,7 +4,7 @@ ending with the fastest configuration within tolerance, printed as code. Writes 
 
 from __future__ import annotations
 
-from fullgraph.cli._args import add_target_args
+from fullgraph.cli._args import add_target_args, check_search_flags
 
 DEMO = "fullgraph.diagnose.demo:demo"
 
@@ -84,12 +84,7 @@ def run(args) -> int:
     unknown = [m for m in vary if m not in VARY]
     if unknown:
         raise UsageError(f"--vary: unknown {', '.join(unknown)}; choose from {', '.join(VARY)} (comma-separated)")
-    if args.reps < 1:
-        raise UsageError("--reps must be at least 1")
-    if args.budget is not None and args.budget <= 0:
-        raise UsageError("--budget must be a positive number of seconds")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError("--threads must be at least 1")
+    check_search_flags(args)
     dtypes = [parse_dtype(d) for d in _listed(args.dtype)] or None
     with progress_reporter() as say:
         say(f"loading {target} on {device}")

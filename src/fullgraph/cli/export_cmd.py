@@ -34,6 +34,8 @@ def add_parser(sub, name: str, help_text: str) -> None:
         p.add_argument("--dtype", default=None, help="cast the model and floating inputs: fp32, bf16 or fp16")
         p.add_argument("--ops", default=None, metavar="SPEC",
                        help="op policies for the export, as FULLGRAPH_OPS: none (all native), +rms_norm")  # fmt: skip
+        p.add_argument("--tuned", default=None, metavar="FILE.json",
+                       help="take the dtype and op policies from a `fullgraph tune` result")  # fmt: skip
         p.add_argument("--no-check", action="store_true", help="skip loading the package and comparing with eager")
         p.set_defaults(run=run_export)
     else:
@@ -66,6 +68,20 @@ def _dynamic(text: str | None):
     return spec
 
 
+def _tuned(args, dtype, policies):
+    """--tuned's dtype and op policies; --dtype / --ops given beside it must agree with it."""
+    from fullgraph.deploy.tuned import export_settings
+    from fullgraph.errors import UsageError
+
+    tuned_dtype, tuned_ops = export_settings(args.tuned)
+    if dtype is not None and dtype != tuned_dtype:
+        raise UsageError(f"--dtype {args.dtype} contradicts {args.tuned} (it chose {tuned_dtype}); drop one of them")
+    if policies and {k: str(getattr(v, "value", v)) for k, v in policies.items()} != tuned_ops:
+        raise UsageError(f"--ops {args.ops} contradicts {args.tuned} (it chose {tuned_ops or 'the defaults'}); "
+                         "drop one of them")  # fmt: skip
+    return tuned_dtype, tuned_ops
+
+
 def run_export(args) -> int:
     from fullgraph.deploy import DeployError
 
@@ -95,6 +111,8 @@ def _export(args) -> int:
     dynamic = _dynamic(args.dynamic)
     dtype = parse_dtype(args.dtype) if args.dtype else None
     policies = parse_spec(args.ops) if args.ops else {}
+    if args.tuned:
+        dtype, policies = _tuned(args, dtype, policies)
     device = resolve_device(args.device)
     with fullgraph.ops.policy(**policies), progress_reporter() as say:  # the policy checks the op names first
         say(f"loading {args.target} on {device}")

@@ -22,6 +22,7 @@ COMMANDS = {
     "lint": ("fullgraph.cli.lint_cmd", "static checks of forward code for graph breaks and recompiles"),
     "doctor": ("fullgraph.cli.doctor_cmd", "find graph breaks and recompiles, time every compile mode, recommend one"),
     "compile": ("fullgraph.cli.compile_cmd", "try one fullgraph.compile configuration: stats, speed, error, the code"),
+    "tune": ("fullgraph.cli.tune_cmd", "search presets x modes x dtypes x op policies in a budget; write the fastest"),
     "export": ("fullgraph.cli.export_cmd", "build an AOTInductor package (.pt2) of a model, then load and check it"),
     "load": ("fullgraph.cli.export_cmd", "load an AOTInductor package safely and run it once: times and output shapes"),
 }

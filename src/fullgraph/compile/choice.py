@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from fullgraph.compile.presets import MODES, PRESETS
+from fullgraph.compile.tuned import as_tune_result
 from fullgraph.errors import UsageError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,11 +36,11 @@ def _no_choice(why: str) -> UsageError:
 
 
 def read_choice(choice: Any) -> Choice:
-    """The configuration of `choice`: a doctor `Report` (its `.recommendation.config`), a recommendation itself, or
-    the row's name as a string."""
+    """The configuration of `choice`: a doctor `Report` (its `.recommendation.config`), a recommendation itself, a
+    tune result (a `TuneResult`, its JSON dict, or the path of its .json file), or the row's name as a string."""
     if choice is None:
         raise _no_choice("needs a measured choice")
-    rec = getattr(choice, "recommendation", choice)
+    rec = as_tune_result(choice) or getattr(choice, "recommendation", choice)
     if rec is None:
         raise _no_choice("was given a report without a recommendation")
     config = rec if isinstance(rec, str) else getattr(rec, "config", None)

@@ -30,7 +30,7 @@ import inspect
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -83,7 +83,8 @@ class CompiledModel(nn.Module):
     def __init__(self, model: nn.Module, resolved: Resolved, *, dtype: torch.dtype | None = None,
                  on_error: str = "raise", strict_recompiles: bool = False, trace: TraceScope | None = None,
                  eager: bool = False, label: str | None = None,
-                 dynamic: DynamicSpec | None = None, parts: PlanResult | None = None) -> None:  # fmt: skip
+                 dynamic: DynamicSpec | None = None, parts: PlanResult | None = None,
+                 around: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:  # fmt: skip
         super().__init__()
         if dtype is not None:
             model.to(dtype)
@@ -102,6 +103,7 @@ class CompiledModel(nn.Module):
         self._names = _positional_names(model)
         self._dynamic = dynamic
         self._parts = parts  # a plan's or regional compilation's parts, installed around each call
+        self._around = around  # the caller's context around each call (deploy's op policies)
         # Kept out of nn.Module's registry: the compiled wrapper holds the same model, moved and saved through it.
         whole = None if eager or parts is not None else torch.compile(model, **resolved.compile_kwargs())
         self.__dict__["_compiled"] = parts.call if parts is not None and not eager else whole
@@ -153,6 +155,8 @@ class CompiledModel(nn.Module):
                 stack.enter_context(self._parts.installed())
             if self._trace is not None:
                 stack.enter_context(self._trace.active())
+            if self._around is not None:
+                stack.enter_context(self._around())
             yield
 
     def _failed(self, e: Exception, strict: bool, args: tuple, kwargs: dict) -> Any:
@@ -318,6 +322,7 @@ def compile(
     debug: str | os.PathLike | None = None,
     recompile_limit: int | None = None,
     choice: Any = None,
+    around: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> CompiledModel:
     """Compile `model` with a preset (see fullgraph.compile.PRESETS) and the overrides given; everything is
     validated before anything compiles, and nothing compiles until the first call or `warmup`.
@@ -333,7 +338,11 @@ def compile(
       (torch.compiler.set_stance("fail_on_recompile") around this model's calls).
     - `debug=folder`: this model's compile trace, in the form tlparse reads (`tlparse folder/*.log`). torch's trace
       logger is process-wide; it is attached around this model's calls only (fullgraph.compile.trace).
-    - `preset="auto"` with `choice=` a doctor Report (or its recommendation): the configuration it measured best.
+    - `preset="auto"` with `choice=` a doctor Report (or its recommendation), or a tune result (`TuneResult`, or
+      the path of `fullgraph tune`'s JSON): the configuration it measured best. A tune result's op policies are
+      applied by `fullgraph.deploy.compile_tuned`, not here (this layer does not import the ops).
+    - `around=`: a callable returning a context manager entered around each call and warm-up of this model only
+      (`around=lambda: fullgraph.ops.policy(attention="native")`); compiled code guards on what it sets.
     - `plan={"vision": "perception", "fusion": "eager", "head": {"backend": "cudagraphs"}}` compiles those
       submodules each its own way (dict entries override `preset`) and runs the rest eagerly;
       `regional=True` ("per-block") or "nested" compiles the repeated blocks once (fullgraph.compile.plan).
@@ -362,6 +371,8 @@ def compile(
     if recompile_limit is not None and (isinstance(recompile_limit, bool) or not isinstance(recompile_limit, int)
                                         or recompile_limit < 1):  # fmt: skip
         raise UsageError(f"recompile_limit={recompile_limit!r}: give a positive int")
+    if around is not None and not callable(around):
+        raise UsageError(f"around={around!r}: give a callable that returns a context manager")
     if choice is not None and preset != "auto":
         raise UsageError(f"choice= goes with preset='auto', not preset={preset!r}")
     eager, label = False, None
@@ -378,7 +389,8 @@ def compile(
     parts = build_parts(model, preset, resolved, plan=plan, regional=regional, given=given)
     trace = TraceScope(debug) if debug is not None else None
     return CompiledModel(model, resolved, dtype=dtype, on_error=on_error, strict_recompiles=strict_recompiles,
-                         trace=trace, eager=eager, label=label, dynamic=spec, parts=parts)  # fmt: skip
+                         trace=trace, eager=eager, label=label, dynamic=spec, parts=parts,
+                         around=around)  # fmt: skip
 
 
 __all__ = ["CompileFallbackWarning", "CompiledModel", "StrictRecompileError", "compile"]

@@ -6,6 +6,7 @@ process (DESIGN.md, Layers: this package imports compile, ops and the floor; not
   in a child process so that the file holds its artifacts only.
 - `export` / `load`: `torch.export` + AOTInductor into one .pt2 file; `load` checks the file, loads it once in a
   child process (a crash there becomes a DeployError), and only then here.
+- `compile_tuned`: a model compiled as a `fullgraph tune` result chose, its op policies applied around its calls.
 
 Both kinds of file are code (pickles, shared libraries): only files that no one but their owner can write are
 loaded. docs/deploy.md has the details.
@@ -14,12 +15,14 @@ loaded. docs/deploy.md has the details.
 from fullgraph.deploy._common import DeployError, cache_dir, input_signature
 from fullgraph.deploy.cache import CacheMeta, load_cache, read_cache, save_cache, save_cache_in_child
 from fullgraph.deploy.package import LoadedPackage, export, inspect_package, load, probe
+from fullgraph.deploy.tuned import compile_tuned, read_tuned
 
 __all__ = [
     "CacheMeta",
     "DeployError",
     "LoadedPackage",
     "cache_dir",
+    "compile_tuned",
     "export",
     "input_signature",
     "inspect_package",
@@ -27,6 +30,7 @@ __all__ = [
     "load_cache",
     "probe",
     "read_cache",
+    "read_tuned",
     "save_cache",
     "save_cache_in_child",
 ]

@@ -8,6 +8,7 @@ and a recommendation never rests on a lead smaller than the measured spread.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -21,9 +22,11 @@ from torch import nn
 from fullgraph import env
 from fullgraph.compile.compiled import compile as fullgraph_compile
 from fullgraph.compile.presets import PRESETS
+from fullgraph.compile.tuned import ops_text
 from fullgraph.diagnose.inputs import Example, flat_tensors
 from fullgraph.diagnose.report import ConfigResult, Recommendation
 from fullgraph.errors import UsageError
+from fullgraph.ops import policy
 from fullgraph.timing import first_call, measure, peak_memory
 
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
@@ -96,6 +99,7 @@ class Candidate:
 
     mode: str
     dtype: torch.dtype
+    ops: tuple[tuple[str, str], ...] = ()  # op policies this row runs under (fullgraph.ops.policy); () = defaults
     fn: Callable[[], Any] | None = None
     compile_s: float | None = None
     peak: int | None = None
@@ -106,7 +110,11 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return config_name(self.mode, self.dtype)
+        return config_name(self.mode, self.dtype) + (f" ops={ops_text(dict(self.ops))}" if self.ops else "")
+
+    def policies(self) -> contextlib.AbstractContextManager:
+        """The op policies of this row, entered around every call of it: compiled code guards on them."""
+        return policy(**dict(self.ops)) if self.ops else contextlib.nullcontext()
 
     def spread(self) -> float | None:
         if len(self.round_medians) < 2:
@@ -125,12 +133,13 @@ class Candidate:
     def result(self, noisy: bool) -> ConfigResult:
         tol = TOLERANCE.get(self.dtype, 1e-3)
         if self.error is not None or not self.samples:
-            return ConfigResult(self.name, self.mode, short_dtype(self.dtype), tolerance=tol, error=self.error)
+            return ConfigResult(self.name, self.mode, short_dtype(self.dtype), tolerance=tol, error=self.error,
+                                ops=dict(self.ops))  # fmt: skip
         return ConfigResult(
             self.name, self.mode, short_dtype(self.dtype), statistics.median(self.samples), self.p(0.2), self.p(0.8),
             compile_s=None if self.mode == "eager" else self.compile_s, peak_memory_bytes=self.peak,
             rel_err=self.err, tolerance=tol, rounds=len(self.round_medians), spread=self.spread(), noisy=noisy,
-            round_ms=list(self.round_medians),
+            round_ms=list(self.round_medians), ops=dict(self.ops),
         )  # fmt: skip
 
 
@@ -153,13 +162,13 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
     try:
         fn = build(model, c.mode, c.dtype)
         x = example.cast(c.dtype)
-        with torch.no_grad():
+        with torch.no_grad(), c.policies():
             c.compile_s, _ = first_call(lambda: x.call(fn), device)
             c.err = rel_err(x.call(fn), ref)
             c.peak = peak_memory(lambda: x.call(fn), device)
 
         def call() -> Any:  # inference, whoever calls it: under grad mode a compiled row would compile again
-            with torch.no_grad():
+            with torch.no_grad(), c.policies():
                 return x.call(fn)
 
         c.fn = call
@@ -215,6 +224,12 @@ def _lead_within_noise(fast: ConfigResult, slow: ConfigResult) -> bool:
     return lead <= TIE or slow.p20_ms <= fast.p80_ms * margin or lost_a_round
 
 
+def simplicity(c: ConfigResult) -> tuple:
+    """Sort key, simplest first: the mode (eager < default < reduce-overhead < max-autotune, a preset just after its
+    mode), then the dtype (fp32 first), then the op policies (the defaults before any override)."""
+    return SIMPLICITY.get(c.mode, 9), DTYPE_SIMPLICITY.get(c.dtype, 9), len(c.ops)
+
+
 def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0, module: bool = True) -> Recommendation | None:
     """The fastest row within tolerance, or, when others are within 3% or within noise of it, the simplest of
     them (eager < default < reduce-overhead < max-autotune; fp32 before bf16), named as a tie."""
@@ -223,7 +238,7 @@ def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0, module: bo
         return None
     fastest = min(ok, key=lambda c: c.median_ms)
     tied = [c for c in ok if c is not fastest and _lead_within_noise(fastest, c)]
-    pick = min([fastest, *tied], key=lambda c: (SIMPLICITY.get(c.mode, 9), DTYPE_SIMPLICITY.get(c.dtype, 9)))
+    pick = min([fastest, *tied], key=simplicity)
     tie = [c.name for c in [fastest, *tied] if c is not pick]
     eager = [c for c in configs if c.mode == "eager" and c.median_ms]
     base = next((c for c in eager if c.dtype == "fp32"), eager[0] if eager else None)

@@ -81,6 +81,7 @@ class ConfigResult:
     spread: float | None = None  # round-to-round spread of the median: (max - min) / median over the rounds
     noisy: bool = False  # p80/p20 or round-to-round spread too wide even after re-measuring
     round_ms: list[float] = field(default_factory=list)  # median per interleaved round, in round order
+    ops: dict[str, str] = field(default_factory=dict)  # op policies the row ran under; {} = every op's default
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,86 @@
+"""`fullgraph tune`: a search that writes a result the other commands read, and a command line that cannot be used
+refused in one line with exit 2 before anything is built."""
+
+import textwrap
+
+import pytest
+
+from fullgraph.cli.main import main
+from fullgraph.compile.tuned import TuneResult
+
+MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    from fullgraph import ops
+
+
+    class Block(nn.Module):
+        def __init__(self, dim=32):
+            super().__init__()
+            self.fc, self.norm = nn.Linear(dim, dim), ops.RMSNorm(dim)
+
+        def forward(self, x):
+            return self.norm(torch.relu(self.fc(x)))
+
+
+    def block():
+        return Block(), (torch.randn(4, 32),)
+    """
+)
+
+
+@pytest.fixture
+def target(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(MODEL)
+    return f"{path}:block"
+
+
+def last_error(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in err), err
+    assert err[-1].startswith(f"fullgraph {command}: error: "), err
+    return err[-1]
+
+
+def test_tune_writes_a_result_that_export_reads(target, tmp_path, capsys):
+    out = tmp_path / "tuned.json"
+    flags = ["--preset", "dev", "--mode", "none", "--ops", "none", "--budget", "120", "--reps", "6", "-o", str(out)]
+    assert main(["tune", target, *flags]) == 0
+    printed = capsys.readouterr().out
+    r = TuneResult.load(out)
+    names = [row["name"] for row in r.table]
+    assert {"eager fp32", "compile dev fp32", "compile dev fp32 ops=native"} <= set(names)
+    assert f"pick: {r.name}" in printed and "fullgraph.deploy.compile_tuned(model" in printed
+    assert "*  " + r.name in printed  # the pick is marked in the table
+    # export takes its dtype from the result: a contradicting --dtype is refused before anything is built
+    assert main(["export", target, "--tuned", str(out), "--dtype", "fp16", "-o", str(tmp_path / "m.pt2")]) == 2
+    assert "contradicts" in last_error(capsys, "export")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--preset", "fast"], "--preset: unknown fast; choose from dev"),
+        (["--mode", "turbo"], "--mode: unknown turbo"),
+        (["--ops", "+rms_nrom"], "--ops: unknown op(s) rms_nrom"),
+        (["--ops", "rms_norm"], "cannot read 'rms_norm'"),
+        (["--budget", "0"], "--budget must be a positive number"),
+        (["--dtype", "int8"], "unknown dtype 'int8'"),
+        (["--reps", "0"], "--reps must be at least 1"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(target, tmp_path, capsys, flags, expected):
+    out = tmp_path / "tuned.json"
+    assert main(["tune", target, "-o", str(out), *flags]) == 2
+    assert expected in last_error(capsys, "tune")
+    assert not out.exists()
+
+
+def test_export_refuses_a_file_that_is_not_a_tune_result(target, tmp_path, capsys):
+    bad = tmp_path / "report.json"
+    bad.write_text('{"configs": []}')
+    assert main(["export", target, "--tuned", str(bad), "-o", str(tmp_path / "m.pt2")]) == 2
+    assert "is not a fullgraph tune result" in last_error(capsys, "export")
