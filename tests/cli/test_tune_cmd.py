@@ -1,12 +1,15 @@
 """`fullgraph tune`: a search that writes a result the other commands read, and a command line that cannot be used
 refused in one line with exit 2 before anything is built."""
 
+import argparse
 import textwrap
 
 import pytest
 
 from fullgraph.cli.main import main
+from fullgraph.cli.tune_cmd import _save_cache, cache_path
 from fullgraph.compile.tuned import TuneResult
+from fullgraph.deploy import read_cache
 
 MODEL = textwrap.dedent(
     """
@@ -84,3 +87,17 @@ def test_export_refuses_a_file_that_is_not_a_tune_result(target, tmp_path, capsy
     bad.write_text('{"configs": []}')
     assert main(["export", target, "--tuned", str(bad), "-o", str(tmp_path / "m.pt2")]) == 2
     assert "is not a fullgraph tune result" in last_error(capsys, "export")
+
+
+def test_cache_artifacts_of_the_pick_are_compiled_alone_and_saved_beside_the_json(target, tmp_path):
+    out = str(tmp_path / "tuned.json")
+    result = TuneResult(config="compile dev fp32", ops={"all": "native"})
+    result.save(out)
+    args = argparse.Namespace(output=out)
+    line = _save_cache(args, target, ["4x32:fp32"], "cpu", result, say=lambda msg: None)
+    meta, payload = read_cache(cache_path(out))
+    assert (meta.preset, meta.signature) == ("dev", "4x32:float32@cpu")
+    assert meta.artifacts and payload
+    assert 'load_cache("' in line and 'preset="dev"' in line
+    eager = TuneResult(config="eager fp32")
+    assert "does not compile" in _save_cache(args, target, [], "cpu", eager, say=lambda msg: None)

@@ -32,11 +32,24 @@ def add_parser(sub, name: str, help_text: str) -> None:
     p.add_argument("--reps", type=int, default=20, help="timed calls per configuration (default 20)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for compiling and timing (default: the cores no other work is using)")  # fmt: skip
+    p.add_argument("--cache", action="store_true",
+                   help="also save the pick's compile-cache artifacts beside the JSON (FILE.cache), compiled alone "
+                        "in a child process so that they hold this model's only")  # fmt: skip
     p.add_argument("-o", "--output", default="fullgraph_tuned.json", help="the result's JSON file (%(default)s)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from fullgraph.cli.export_cmd import _failed
+    from fullgraph.deploy import DeployError
+
+    try:
+        return _tune(args)
+    except DeployError as e:  # the search ran; saving its cache artifacts failed: a runtime failure, exit 1
+        return _failed(args, e)
+
+
+def _tune(args) -> int:
     import torch
 
     from fullgraph._paths import display_path
@@ -80,12 +93,60 @@ def run(args) -> int:
                       modes=modes, dtypes=dtypes, ops=variants, reps=args.reps, threads=args.threads,
                       progress=say)  # fmt: skip
         result.save(args.output)
+        cache = _save_cache(args, target, specs, device, result, say) if args.cache else None
     print_result(result)
     out = display_path(args.output)
     print(f"\nwrote {out}. To use it:")
     print(f'  model = fullgraph.deploy.compile_tuned(model, "{out}")   # compile settings and op policies')
     print(f"  fullgraph export {target} --tuned {out} -o model.pt2")
+    if cache is not None:
+        print(f"  {cache}")
     return 0
+
+
+def cache_path(output: str) -> str:
+    return output.removesuffix(".json") + ".cache"
+
+
+def _save_cache(args, target: str, specs: list[str], device, result, say) -> str:
+    """Compile the pick alone in a child process and save its cache artifacts beside the JSON; returns the line
+    that loads them (or says why there are none)."""
+    import subprocess
+    import sys
+
+    from fullgraph._paths import display_path
+    from fullgraph.compile.choice import read_choice
+    from fullgraph.deploy import DeployError
+
+    if read_choice(result).eager:
+        return f"# no cache artifacts: the pick, {result.name}, does not compile"
+    path = cache_path(args.output)
+    say(f"saving the pick's cache artifacts to {display_path(path)} (compiled alone in a child process)")
+    request = repr({"target": target, "inputs": specs, "device": str(device), "tuned": args.output, "path": path})
+    code = "import sys; from fullgraph.cli.tune_cmd import cache_child; cache_child(sys.argv[1])"
+    done = subprocess.run([sys.executable, "-c", code, request], capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise DeployError(f"compiling the pick in a child process failed: {lines[-1] if lines else 'no output'}")
+    return (f'fullgraph.deploy.load_cache("{display_path(path)}", preset="{read_choice(result).preset}")  '
+            "# before compile_tuned, in the serving process")  # fmt: skip
+
+
+def cache_child(request: str) -> None:
+    """In the child: build the target, compile it as the result says, warm it up, save this process's artifacts."""
+    import ast
+
+    import torch
+
+    from fullgraph.compile.choice import read_choice
+    from fullgraph.deploy import compile_tuned, input_signature, read_tuned, save_cache
+    from fullgraph.diagnose.target import load_target
+
+    req = ast.literal_eval(request)
+    model, example = load_target(req["target"], req["inputs"], torch.device(req["device"]))
+    tuned = read_tuned(req["tuned"])
+    compile_tuned(model, tuned).warmup(*example.args, **example.kwargs)
+    save_cache(req["path"], preset=read_choice(tuned).preset, signature=input_signature(example.args, example.kwargs))
 
 
 def _check_op_names(variants) -> None:
