@@ -44,6 +44,9 @@ def add_parser(sub, name: str, help_text: str) -> None:
                        help="an input, e.g. 4x3x224x224:fp32; repeat for several (default: random inputs of the "
                             "shapes it was exported with)")  # fmt: skip
         p.add_argument("--reps", type=int, default=20, help="timed calls after the first (default 20)")
+        p.add_argument("--cuda-graphs", action="store_true",
+                       help="replay the package's calls from CUDA graphs (a CUDA package; small batches gain "
+                            "most)")  # fmt: skip
         p.set_defaults(run=run_load)
 
 
@@ -242,7 +245,7 @@ def _load(args) -> int:
     with progress_reporter() as say:
         say(f"loading {shown} (checked, probed in a child process once per file, then loaded here)")
         start = time.perf_counter()
-        loaded = deploy.load(path)
+        loaded = deploy.load(path, cuda_graphs=args.cuda_graphs)
         load_s = time.perf_counter() - start
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
         x = inputs_from_specs(args.input or recorded_specs(loaded.inputs, shown), device)

@@ -46,6 +46,7 @@ from fullgraph import env
 from fullgraph._files import write_atomic
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
+from fullgraph.compile.graphs import GraphedCall
 from fullgraph.deploy._common import DeployError, cache_dir, environment, input_signature, open_trusted
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
@@ -382,7 +383,15 @@ class LoadedPackage:
         self._model = model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self._model, GraphedCall):
+            with torch.no_grad():  # GraphedCall captures inference calls only; a package has no autograd anyway
+                return self._model(*args, **kwargs)
         return self._model(*args, **kwargs)
+
+    @property
+    def graphs(self) -> GraphedCall | None:
+        """The CUDA-graph wrapper when loaded with cuda_graphs=True (its `.graphs` and `.skipped` per signature)."""
+        return self._model if isinstance(self._model, GraphedCall) else None
 
     @property
     def inputs(self) -> str | None:
@@ -394,7 +403,12 @@ class LoadedPackage:
 
 
 def load(
-    path: str | os.PathLike, *, device_index: int = -1, probe_first: bool = True, probe_timeout: float = PROBE_TIMEOUT_S
+    path: str | os.PathLike,
+    *,
+    device_index: int = -1,
+    probe_first: bool = True,
+    probe_timeout: float = PROBE_TIMEOUT_S,
+    cuda_graphs: bool = False,
 ) -> LoadedPackage:
     """Load an AOTInductor package as a callable, without risking this process.
 
@@ -403,7 +417,9 @@ def load(
     default), it is loaded once in a child process and loaded here only if that worked: a crash there (a
     segmentation fault in torch's native loader, say) becomes a DeployError naming the exit. The verdict is cached
     by the file's content, so later loads of the same file skip the probe; one takes `probe_timeout` seconds at
-    most. `device_index` picks the GPU (-1: the current one).
+    most. `device_index` picks the GPU (-1: the current one). `cuda_graphs=True` (a CUDA package) replays each call
+    signature from a CUDA graph after its first two calls (`fullgraph.compile.GraphedCall`: the package's kernel
+    launches without the host between them, which is what small batches wait on); calls run under no_grad.
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
@@ -412,6 +428,9 @@ def load(
     import fullgraph.ops  # noqa: F401 - registers our custom ops, which the package may call
 
     _check_custom_ops(shown, meta, ops)
+    device = meta.get("AOTI_DEVICE_KEY") or "cpu"
+    if cuda_graphs and not device.startswith("cuda"):
+        raise UsageError(f"cuda_graphs=True: {shown} runs on {device}; CUDA graphs need a package exported on a GPU")
     verdict = None
     if probe_first:
         verdict = probe(path, device_index=device_index, timeout=probe_timeout)
@@ -426,4 +445,6 @@ def load(
         model = torch._inductor.aoti_load_package(path, device_index=device_index)
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
+    if cuda_graphs:
+        model = GraphedCall(model, name=os.path.basename(path))
     return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict)
