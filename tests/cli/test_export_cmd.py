@@ -75,6 +75,7 @@ def last_error(capsys, command: str) -> str:
         (["--dtype", "int8"], "unknown dtype 'int8'"),
         (["--ops", "+rms_nrom"], "unknown op(s) rms_nrom"),
         (["--ops", "rms_norm"], "cannot read 'rms_norm'"),
+        (["--preset", "egde"], "unknown preset 'egde'"),
         (["--input", "2x5xZ"], "does not parse"),
         (["--input", "2x5x32", "--input", "c=2x32"], "positional inputs only; c given by name"),
     ],

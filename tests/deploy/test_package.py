@@ -197,3 +197,26 @@ def test_a_cuda_package_replays_from_a_cuda_graph_and_matches_its_plain_load(tmp
         x = torch.randn(4, 64, device="cuda")
         torch.testing.assert_close(graphed(x), plain(x))
     assert len(graphed.graphs.graphs) == 1 and not graphed.graphs.skipped
+
+
+def test_a_presets_inductor_options_reach_the_package_less_what_a_package_cannot_use():
+    assert package.aot_options(None) == {}
+    perception = package.aot_options("perception")
+    assert perception["shape_padding"] is True
+    assert not set(package.AOT_DROPPED) & set(perception)  # reduce-overhead's CUDA graphs stay out
+    edge = package.aot_options("edge")
+    assert edge["max_autotune"] is True and edge["freezing"] is True and "cpp_wrapper" not in edge
+    assert package.aot_options(None, "max-autotune-no-cudagraphs")["max_autotune"] is True
+    with pytest.raises(UsageError, match="unknown preset 'egde'"):
+        package.aot_options("egde")
+
+
+@pytest.mark.slow
+def test_a_package_built_with_a_preset_records_it_and_matches_eager(tmp_path):
+    model = MLP(dim=16, hidden=24, out=5).eval()
+    x = torch.randn(3, 16)
+    path = export(model, (x,), tmp_path / "fusion.pt2", preset="fusion")
+    loaded = load(path, probe_first=False)
+    assert loaded.metadata["fullgraph_preset"] == "fusion"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)

@@ -64,7 +64,10 @@ def test_compile_tuned_refuses_a_second_context_and_contradictions():
 
 def test_export_takes_the_dtype_and_the_policies(tmp_path):
     path = TuneResult(config="compile edge bf16", ops={"attention": "kernel"}).save(tmp_path / "t.json")
-    assert export_settings(path) == (torch.bfloat16, {"attention": "kernel"})
+    assert export_settings(path) == {"dtype": torch.bfloat16, "ops": {"attention": "kernel"}, "preset": "edge",
+                                     "mode": None}  # fmt: skip
+    eager = TuneResult(config="eager fp32").save(tmp_path / "e.json")
+    assert export_settings(eager) == {"dtype": torch.float32, "ops": {}, "preset": None, "mode": None}
 
 
 def test_read_tuned_refuses_what_is_not_a_result(tmp_path):

@@ -34,8 +34,11 @@ def add_parser(sub, name: str, help_text: str) -> None:
         p.add_argument("--dtype", default=None, help="cast the model and floating inputs: fp32, bf16 or fp16")
         p.add_argument("--ops", default=None, metavar="SPEC",
                        help="op policies for the export, as FULLGRAPH_OPS: none (all native), +rms_norm")  # fmt: skip
+        p.add_argument("--preset", default=None,
+                       help="a fullgraph.compile preset whose Inductor options the build uses (edge: max-autotune, "
+                            "freezing); CUDA graphs do not apply to a package")  # fmt: skip
         p.add_argument("--tuned", default=None, metavar="FILE.json",
-                       help="take the dtype and op policies from a `fullgraph tune` result")  # fmt: skip
+                       help="take the dtype, op policies and preset from a `fullgraph tune` result")  # fmt: skip
         p.add_argument("--no-check", action="store_true", help="skip loading the package and comparing with eager")
         p.set_defaults(run=run_export)
     else:
@@ -72,17 +75,21 @@ def _dynamic(text: str | None):
 
 
 def _tuned(args, dtype, policies):
-    """--tuned's dtype and op policies; --dtype / --ops given beside it must agree with it."""
+    """--tuned's dtype, op policies, preset and mode; --dtype / --ops / --preset given beside it must agree."""
     from fullgraph.deploy.tuned import export_settings
     from fullgraph.errors import UsageError
 
-    tuned_dtype, tuned_ops = export_settings(args.tuned)
+    tuned = export_settings(args.tuned)
+    tuned_dtype, tuned_ops = tuned["dtype"], tuned["ops"]
+    if args.preset is not None and args.preset != tuned["preset"]:
+        raise UsageError(f"--preset {args.preset} contradicts {args.tuned} (it chose {tuned['preset']}); "
+                         "drop one of them")  # fmt: skip
     if dtype is not None and dtype != tuned_dtype:
         raise UsageError(f"--dtype {args.dtype} contradicts {args.tuned} (it chose {tuned_dtype}); drop one of them")
     if policies and {k: str(getattr(v, "value", v)) for k, v in policies.items()} != tuned_ops:
         raise UsageError(f"--ops {args.ops} contradicts {args.tuned} (it chose {tuned_ops or 'the defaults'}); "
                          "drop one of them")  # fmt: skip
-    return tuned_dtype, tuned_ops
+    return tuned_dtype, tuned_ops, tuned["preset"], tuned["mode"]
 
 
 def run_export(args) -> int:
@@ -114,8 +121,10 @@ def _export(args) -> int:
     dynamic = _dynamic(args.dynamic)
     dtype = parse_dtype(args.dtype) if args.dtype else None
     policies = parse_spec(args.ops) if args.ops else {}
+    preset, mode = args.preset, None
     if args.tuned:
-        dtype, policies = _tuned(args, dtype, policies)
+        dtype, policies, preset, mode = _tuned(args, dtype, policies)
+    deploy.aot_options(preset, mode)  # a preset that does not exist is refused before the model is built
     device = resolve_device(args.device)
     with fullgraph.ops.policy(**policies), progress_reporter() as say:  # the policy checks the op names first
         say(f"loading {args.target} on {device}")
@@ -134,7 +143,7 @@ def _export(args) -> int:
             model, x = model.to(dtype), example.cast(dtype)
         say(f"exporting to {args.output} (torch.export, then AOTInductor builds it)")
         start = time.perf_counter()
-        path = deploy.export(model, x.args, args.output, dynamic=dynamic)
+        path = deploy.export(model, x.args, args.output, dynamic=dynamic, preset=preset, mode=mode)
         built_s = time.perf_counter() - start
         if not args.no_check:
             say("checking: loading it in a probe process, then here, and running it")

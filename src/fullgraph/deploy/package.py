@@ -47,6 +47,7 @@ from fullgraph._files import write_atomic
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
 from fullgraph.compile.graphs import GraphedCall
+from fullgraph.compile.options import resolve
 from fullgraph.deploy._common import DeployError, cache_dir, environment, input_signature, open_trusted
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
@@ -93,18 +94,35 @@ def _dynamic_shapes(model: torch.nn.Module, args: tuple, spec: Mapping) -> dict[
     return shapes
 
 
+# Inductor options a preset may set that an AOTInductor package does not take: CUDA graphs (a package has none; load
+# with cuda_graphs=True instead) and cpp_wrapper (a package's wrapper is always C++).
+AOT_DROPPED = ("triton.cudagraphs", "triton.cudagraph_trees", "cpp_wrapper")
+
+
+def aot_options(preset: str | None, mode: str | None = None) -> dict[str, Any]:
+    """The Inductor options of `preset` (or "dev") with `mode`'s expansion that AOTInductor takes; {} for neither."""
+    if preset is None and mode is None:
+        return {}
+    return {k: v for k, v in resolve(preset or "dev", mode=mode).options.items() if k not in AOT_DROPPED}
+
+
 def export(
     model: torch.nn.Module,
     example_inputs: Sequence[Any],
     path: str | os.PathLike,
     *,
     dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
+    preset: str | None = None,
+    mode: str | None = None,
 ) -> str:
     """Export `model` for `example_inputs` (a tuple of positional inputs) into an AOTInductor package at `path`
     (a name ending in .pt2), written whole or not at all; returns the path.
 
     `dynamic={"x": {0: (1, 32)}}` declares input dims dynamic with their ranges, named as in `fullgraph.compile`;
     every other dim is fixed at its example size. The package runs on the device the model and inputs are on.
+    `preset` (a `fullgraph.compile` preset name) passes that preset's Inductor options to AOTInductor (edge's
+    max-autotune and freezing, say), `mode` a torch.compile mode's, less those a package cannot use (`AOT_DROPPED`:
+    CUDA graphs, cpp_wrapper). Both are checked before anything is traced.
     The package records the torch and fullgraph versions and the inputs, which `load` checks.
     """
     path = os.fspath(path)
@@ -114,6 +132,7 @@ def export(
         raise UsageError(f"export takes an nn.Module, not {type(model).__name__}")
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     shapes = _dynamic_shapes(model, args, dynamic) if dynamic else None
+    options = aot_options(preset, mode)
     try:
         program = torch.export.export(model, args, dynamic_shapes=shapes)
     except Exception as e:  # export reports data-dependent control flow, unsupported ops, bad ranges, ...
@@ -128,8 +147,9 @@ def export(
         "torch": here["torch"],
         "inputs": input_signature(args),
         "dynamic": json.dumps(declared),
+        "preset": " ".join(x for x in (preset, mode) if x),
     }
-    configs = {"aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()}}
+    configs = {**options, "aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()}}
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     # Built in a private folder beside `path` under its final name (the archive's inner folder is named after

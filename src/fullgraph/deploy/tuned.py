@@ -48,8 +48,11 @@ def compile_tuned(model: nn.Module, result: TuneResult | Mapping[str, Any] | str
     return compile(model, "auto", choice=tuned, around=policies_of(tuned), **options)
 
 
-def export_settings(result: TuneResult | Mapping[str, Any] | str | os.PathLike) -> tuple[torch.dtype | None, dict]:
-    """What an AOT export takes from a tune result: (dtype, op policies). The compile mode does not carry over:
-    an AOTInductor package has no CUDA graphs, and its Inductor options are set by `fullgraph.export`."""
+def export_settings(result: TuneResult | Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]:
+    """What an AOT export takes from a tune result: {"dtype", "ops" (op policies), "preset", "mode"}; `fullgraph.export`
+    passes the preset's and mode's Inductor options on, less CUDA graphs (a package has none). An eager pick gives
+    no preset or mode."""
     tuned = read_tuned(result)
-    return read_choice(tuned).dtype, dict(tuned.ops)
+    c = read_choice(tuned)
+    preset, mode = (None, None) if c.eager else (c.preset, c.mode)
+    return {"dtype": c.dtype, "ops": dict(tuned.ops), "preset": preset, "mode": mode}
