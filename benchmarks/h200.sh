@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
-#   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode (default: env tests ceilings ops)
+#   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
+#   fullgraph-tune coldstart nms robot regional-aot aoti-crash (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +72,25 @@ for step in $steps; do
       ;;
     tune-attention)
       $py benchmarks/tune_attention.py ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune_attention.csv" | grep "^#"
+      ;;
+    fullgraph-tune)  # issue 15: fullgraph tune on ViT-B/16 batch 4 with its default budget (480 s), cache artifacts too
+      $py -m fullgraph tune benchmarks/targets/vit.py:vit_b16 --input 4x3x224x224:fp32 ${FGTUNE_ARGS:-} --cache \
+        -o "$OUT/vit_tuned.json" 2>&1 | tee "$OUT/vit_tuned.txt" | grep -v '^\[' | tail -40
+      ;;
+    coldstart)  # issue 15: time to first output in fresh processes, every warm-start route
+      $py -m fullgraph bench coldstart --csv "$OUT/coldstart_h200.csv" ${COLDSTART_ARGS:-} 2>&1 | tee "$OUT/coldstart_h200.txt" | tail -30
+      ;;
+    nms)  # issue 14: our NMS against torchvision's, eager / compiled / CUDA graphs, exactness per case
+      $py -m fullgraph bench nms --csv "$OUT/nms_h200.csv" ${NMS_ARGS:-} 2>&1 | tee "$OUT/nms_h200.txt" | tail -30
+      ;;
+    robot)  # issue 14: the robot model over a stream of varying inputs, four ways
+      $py -m fullgraph bench robot --csv "$OUT/robot_h200.csv" ${ROBOT_ARGS:-} 2>&1 | tee "$OUT/robot_h200.txt" | tail -20
+      ;;
+    regional-aot)  # issue 15: one block's package loaded per layer against the whole model's, fresh processes
+      $py benchmarks/regional_aot.py --device cuda ${REGIONAL_AOT_ARGS:-} --csv "$OUT/regional_aot_h200.csv" 2>&1 | tee "$OUT/regional_aot.txt" | tail -8
+      ;;
+    aoti-crash)  # issue 15: why an AOTInductor package segfaults when loaded in a fresh process on this image
+      $py benchmarks/aoti_crash.py --out "$OUT/aoti_crash" --device cuda 2>&1 | tee "$OUT/aoti_crash.txt" | tail -40
       ;;
     grad-mode)
       $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"

@@ -8,7 +8,6 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from fullgraph import ops
