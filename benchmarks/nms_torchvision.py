@@ -33,6 +33,7 @@ from unittest import mock
 import torch
 
 from fullgraph.bench.results import append_csv, make_rows
+from fullgraph.bench.suites.nms import compare_kept
 from fullgraph.bench.table import format_table
 from fullgraph.models.nms import batched_nms, replace_torchvision_nms
 
@@ -93,13 +94,7 @@ def replay_nms_calls(model, images) -> str:
     for boxes, scores, idxs, t, keep in calls:
         ours = batched_nms(boxes, scores, idxs, t)
         ties = scores.numel() - scores.unique().numel()
-        if torch.equal(ours, keep):
-            verdict = "equal"
-        elif torch.equal(scores[ours], scores[keep]):  # same scores in the same order: only tied boxes differ
-            same_set = torch.equal(ours.sort().values, keep.sort().values)
-            verdict = "equal but tied boxes in another order" if same_set else "other tied boxes kept"
-        else:
-            verdict = f"DIFFERENT ({len(ours)} vs {len(keep)} kept)"
+        verdict = compare_kept(ours, keep, scores)
         lines.append(f"  N={boxes.shape[0]:>6}  iou>{t}  {ties} tied scores  kept {len(keep):>5}  {verdict}")
     return "\n".join(lines)
 

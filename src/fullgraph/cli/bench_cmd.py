@@ -51,6 +51,23 @@ SUITES = {
             ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, reference and ours compiled"}),
         ],
     ),
+    "coldstart": (
+        "fullgraph.bench.suites.coldstart",
+        "time to first output in fresh processes: cold compile, warm cache folder, cache artifacts, AOT package",
+        [
+            (
+                "--model",
+                {"help": "vit_mini, vit_tiny, vit_small, vit_b16 or dit_s (default vit_b16 on GPU, vit_mini on CPU)"},
+            ),
+            ("--batch", {"type": int, "help": "batch size (default 4 on GPU, 2 on CPU)"}),
+            ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
+            ("--preset", {"help": "fullgraph.compile preset (default perception on GPU, dev on CPU)"}),
+            ("--depth", {"type": int, "help": "blocks (default: the model's)"}),
+            ("--routes", {"help": "subset of cold,warm,artifacts,package (default: all; warm needs cold)"}),
+            ("--timeout", {"type": float, "help": "seconds one process may take (default 900)"}),
+            ("--workdir", {"help": "work in this new folder and keep it: caches, package, each process's log"}),
+        ],
+    ),
     "dit": (
         "fullgraph.bench.suites.dit",
         "the DiT stack from our ops against its plain-PyTorch twin: compiled (auto, kernel, native, fusions) and eager",
@@ -70,6 +87,35 @@ SUITES = {
             ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
             ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, plain and ours compiled"}),
         ],
+    ),
+    "nms": (
+        "fullgraph.bench.suites.nms",
+        "batched NMS with a fixed capacity: torchvision against ours eager, compiled and under CUDA graphs, exactness",
+        [
+            ("--boxes", {"help": "boxes per image, e.g. 1000,10000 (default 1000,10000 on GPU; 200 on CPU)"}),
+            ("--batches", {"help": "images per batch, e.g. 1,8 (default 1,8 on GPU; 4 on CPU)"}),
+            ("--iou", {"type": float, "default": 0.5, "help": "IoU threshold, both sides (default 0.5)"}),
+            ("--score-threshold", {"type": float, "default": 0.05, "help": "scores at or below are dropped (0.05)"}),
+            ("--top-k", {"type": int, "default": 1000, "help": "best boxes per image that NMS sees (default 1000)"}),
+            ("--capacity", {"type": int, "default": 100, "help": "kept boxes per image at most (default 100)"}),
+        ],
+    ),
+    "robot": (
+        "fullgraph.bench.suites.robot",
+        "the robot model over a stream of varying requests: eager, whole compiled (dynamic, declared dims), the plan",
+        [
+            ("--config", {"help": "robot_tiny or robot_base (default robot_base on GPU, robot_tiny on CPU)"}),
+            ("--n", {"type": int, "help": "requests in the timed stream (default 200 on GPU, 12 on CPU)"}),
+            ("--warmup", {"type": int, "default": 2, "help": "warm-up requests per way, the first one square (2)"}),
+            ("--ways", {"help": "comma-separated subset of eager,dynamic,declared,plan (default: all four)"}),
+            ("--dtype", {"default": "fp32", "choices": ["fp32", "bf16"]}),
+            ("--seed", {"type": int, "default": 0, "help": "seed of the weights and the stream (default 0)"}),
+        ],
+    ),
+    "all": (
+        "fullgraph.bench.suites.all_suites",
+        "vit, nms, robot and dit one after another, each with its defaults, each table printed as it finishes",
+        [],
     ),
 }
 
