@@ -1,0 +1,200 @@
+"""One cold start, measured inside a fresh process: the child side of `fullgraph bench coldstart` (issue 15).
+
+    python -m fullgraph.deploy.coldstart ACTION --build MODULE:FUNCTION --inputs FILE [options]
+
+prints one JSON line on stdout: the phases of this process in seconds and what torch's compile caches did. The
+process is meant to be fresh, started by the suite with a clean environment whose TORCHINDUCTOR_CACHE_DIR says
+which cache folder it sees (empty for a cold compile, filled for a warm one). The actions:
+
+- `compile`: build the model on the device, `fullgraph.compile(model, preset)`, first call (cold or warm: the
+  cache folder decides);
+- `load-cache`: `load_cache(--cache)` into the (empty) cache folder, then the same;
+- `load-package`: `fullgraph.deploy.load(--package)` and a first call, no model built;
+- `save-cache`: compile and call as `compile`, then `save_cache(--cache)` (a setup step);
+- `export`: `fullgraph.deploy.export(--package)` then `probe` (a setup step: the probe's verdict is cached in
+  FULLGRAPH_CACHE_DIR, so `load-package` in the same folder skips it, as a deployment that probed at install does).
+
+Phases: `device_s` the inputs put on the device (the device's own start-up: CUDA's context on a GPU), `build_s`
+the model built and its weights on the device, `load_s` the file loaded, `first_call_s` from `fullgraph.compile`
+(or the package's first call) to the first output, `first_output_s` = `load_s + first_call_s`: from a model on the
+device, or from the call that loads the package, to the first output. Then `median_ms` (and `p20_ms`, `p80_ms`) of
+`--reps` more calls. Every wait for the device is synchronized. Failures (a DeployError from a package that
+crashed its probe, say) are reported in the JSON line (`ok: false`, `error`) with exit status 1.
+
+Import times: under `python -m` the package `fullgraph.deploy` (and torch with it) is imported before this module
+runs, so they are reported as null. The suite starts the child with a one-line bootstrap that times
+`import torch` and `import fullgraph.compile, fullgraph.deploy.coldstart` first and passes the clock to `main`.
+
+`--build` names a top-level function of any importable module (this layer imports no models): called with
+`--build-kwargs` (a JSON object), it returns an fp32 `nn.Module` on the CPU; the child moves it to `--device` and
+`--dtype`. `--inputs` is a `torch.save`d list of tensors (fp32, CPU), cast the same way. With `--out`, the first
+output is saved (its tensors, in fp32 on the CPU) for the parent to compare against eager fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+import fullgraph.compile
+from fullgraph.deploy import cache, package
+from fullgraph.deploy._common import input_signature
+from fullgraph.env import first_line
+from fullgraph.errors import UsageError
+from fullgraph.timing import first_call, measure
+
+ACTIONS = ("compile", "load-cache", "load-package", "save-cache", "export")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# torch's counters that say whether a compile came from the caches (torch._dynamo.utils.counters[group][key]).
+COUNTERS = (
+    ("inductor", "fxgraph_cache_hit"),
+    ("inductor", "fxgraph_cache_miss"),
+    ("aot_autograd", "autograd_cache_hit"),
+    ("aot_autograd", "autograd_cache_miss"),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fullgraph.deploy.coldstart", description=__doc__.split("\n")[0])
+    p.add_argument("action", choices=ACTIONS)
+    p.add_argument("--build", required=True, help="module:function returning the fp32 model on the CPU")
+    p.add_argument("--build-kwargs", default="{}", help="JSON object of the build function's keyword arguments")
+    p.add_argument("--inputs", required=True, help="torch.save'd list of fp32 CPU input tensors")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    p.add_argument("--preset", default="dev", help="fullgraph.compile preset")
+    p.add_argument("--reps", type=int, default=10, help="steady calls timed after the first (median)")
+    p.add_argument("--cache", help="cache artifacts file (load-cache, save-cache)")
+    p.add_argument("--package", help="AOTInductor package, .pt2 (load-package, export)")
+    p.add_argument("--out", help="save the first output here (torch.save, fp32 CPU tensors)")
+    return p
+
+
+class _Clock:
+    """Phases of this process, in seconds, measured with the device synchronized at both ends."""
+
+    def __init__(self, device: torch.device, report: dict[str, Any]):
+        self.device, self.report = device, report
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def time(self, key: str, fn: Callable[[], Any]) -> Any:
+        self.sync()
+        start = time.perf_counter()
+        value = fn()
+        self.sync()
+        self.report[key] = time.perf_counter() - start
+        return value
+
+
+def _build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Import the build function's module (part of a cold start), build the model, put it on the device."""
+    module, _, name = args.build.partition(":")
+    if not module or not name:
+        raise UsageError(f"--build {args.build!r}: give 'package.module:function' (it returns the model)")
+    fn: Any = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return fn(**json.loads(args.build_kwargs)).eval().to(device=device, dtype=dtype)
+
+
+def _on_device(values: Sequence[Any], device: torch.device, dtype: torch.dtype) -> tuple[Any, ...]:
+    return tuple(
+        v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) if isinstance(v, torch.Tensor) else v
+        for v in values
+    )
+
+
+def _need(args: argparse.Namespace, flag: str) -> str:
+    value = getattr(args, flag)
+    if not value:
+        raise UsageError(f"{args.action} needs --{flag}")
+    return value
+
+
+def _counters() -> dict[str, int]:
+    counters = torch._dynamo.utils.counters
+    return {key: int(counters[group][key]) for group, key in COUNTERS}
+
+
+def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    clock = _Clock(device, report)
+    loaded = torch.load(args.inputs, weights_only=True)
+    inputs = clock.time("device_s", lambda: _on_device(loaded, device, dtype))
+    signature = input_signature(inputs)
+    fn: Callable[..., Any]
+    if args.action == "export":
+        model = clock.time("build_s", lambda: _build(args, device, dtype))
+        path = _need(args, "package")
+        clock.time("export_s", lambda: package.export(model, inputs, path))
+        verdict = clock.time("probe_s", lambda: package.probe(path))
+        report.update(probe_ok=verdict["ok"], probe_detail=verdict["detail"], file_bytes=os.path.getsize(path))
+        return
+    if args.action == "load-package":
+        report["build_s"] = None  # the weights are in the package
+        fn = clock.time("load_s", lambda: package.load(_need(args, "package")))
+        first_s, out = first_call(lambda: fn(*inputs), device)
+    else:
+        model = clock.time("build_s", lambda: _build(args, device, dtype))
+        if args.action == "load-cache":
+            path = _need(args, "cache")
+            clock.time("load_s", lambda: cache.load_cache(path, preset=args.preset, signature=signature))
+        else:
+            report["load_s"] = 0.0
+        clock.sync()
+        start = time.perf_counter()
+        fn = fullgraph.compile(model, args.preset)
+        _, out = first_call(lambda: fn(*inputs), device)
+        first_s = time.perf_counter() - start
+    report["first_call_s"] = first_s
+    report["first_output_s"] = report["load_s"] + first_s
+    report["counters"] = _counters()
+    if args.out:
+        leaves = [t.detach().float().cpu() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        torch.save(leaves, args.out)
+    if args.action == "save-cache":
+        path = _need(args, "cache")
+        meta = clock.time("save_s", lambda: cache.save_cache(path, preset=args.preset, signature=signature))
+        report.update(file_bytes=os.path.getsize(path), artifacts=meta.artifacts)
+        return
+    with torch.no_grad():
+        timing = measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(args.reps, 1))
+    report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms)
+
+
+def main(argv: Sequence[str] | None = None, clock: Sequence[float] | None = None) -> int:
+    """Run one action and print its JSON line; 0 when it worked, 1 when it failed (the line says why).
+
+    `clock`: perf_counter values before `import torch`, after it, and after importing fullgraph's compile and
+    deploy layers, taken by a bootstrap before this module was imported; without it the import times are null."""
+    args = _parser().parse_args(argv)
+    report: dict[str, Any] = {"action": args.action, "ok": False, "error": None, "pid": os.getpid()}
+    if clock is not None:
+        report["import_torch_s"], report["import_fullgraph_s"] = clock[1] - clock[0], clock[2] - clock[1]
+    else:
+        report["import_torch_s"] = report["import_fullgraph_s"] = None
+    try:
+        _run(args, report)
+        report["ok"] = True
+    except Exception as e:  # a DeployError, or whatever the model or torch raised: reported, not raised
+        traceback.print_exc()
+        report["error"] = first_line(e, 400)
+    print(json.dumps(report), flush=True)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
