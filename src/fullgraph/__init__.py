@@ -18,7 +18,7 @@ def __getattr__(name):
 
 def export(model, example_inputs, path, **options):
     """An AOTInductor package of `model` at `path` (torch.export + aoti_compile_and_package); see
-    fullgraph.deploy.package.export for the options."""
+    fullgraph.deploy.build.export for the options."""
     from fullgraph.deploy import export as run
 
     return run(model, example_inputs, path, **options)

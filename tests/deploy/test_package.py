@@ -11,7 +11,7 @@ import torch
 
 import fullgraph
 from fullgraph import env
-from fullgraph.deploy import DeployError, export, inspect_package, load, package, probe
+from fullgraph.deploy import DeployError, build, export, inspect_package, load, package, probe
 from fullgraph.errors import UsageError
 from tests.deploy._models import MLP
 
@@ -200,15 +200,15 @@ def test_a_cuda_package_replays_from_a_cuda_graph_and_matches_its_plain_load(tmp
 
 
 def test_a_presets_inductor_options_reach_the_package_less_what_a_package_cannot_use():
-    assert package.aot_options(None) == {}
-    perception = package.aot_options("perception")
+    assert build.aot_options(None) == {}
+    perception = build.aot_options("perception")
     assert perception["shape_padding"] is True
-    assert not set(package.AOT_DROPPED) & set(perception)  # reduce-overhead's CUDA graphs stay out
-    edge = package.aot_options("edge")
+    assert not set(build.AOT_DROPPED) & set(perception)  # reduce-overhead's CUDA graphs stay out
+    edge = build.aot_options("edge")
     assert edge["max_autotune"] is True and edge["freezing"] is True and "cpp_wrapper" not in edge
-    assert package.aot_options(None, "max-autotune-no-cudagraphs")["max_autotune"] is True
+    assert build.aot_options(None, "max-autotune-no-cudagraphs")["max_autotune"] is True
     with pytest.raises(UsageError, match="unknown preset 'egde'"):
-        package.aot_options("egde")
+        build.aot_options("egde")
 
 
 @pytest.mark.slow

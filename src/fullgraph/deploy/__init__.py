@@ -13,8 +13,9 @@ loaded. docs/deploy.md has the details.
 """
 
 from fullgraph.deploy._common import DeployError, cache_dir, input_signature
+from fullgraph.deploy.build import aot_options, export
 from fullgraph.deploy.cache import CacheMeta, load_cache, read_cache, save_cache, save_cache_in_child
-from fullgraph.deploy.package import LoadedPackage, aot_options, export, inspect_package, load, probe
+from fullgraph.deploy.package import LoadedPackage, inspect_package, load, probe
 from fullgraph.deploy.tuned import compile_tuned, read_tuned
 
 __all__ = [

@@ -47,7 +47,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import fullgraph.compile
-from fullgraph.deploy import cache, package
+from fullgraph.deploy import build, cache, package
 from fullgraph.deploy._common import input_signature
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
@@ -139,7 +139,7 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
     if args.action == "export":
         model = clock.time("build_s", lambda: _build(args, device, dtype))
         path = _need(args, "package")
-        clock.time("export_s", lambda: package.export(model, inputs, path))
+        clock.time("export_s", lambda: build.export(model, inputs, path))
         verdict = clock.time("probe_s", lambda: package.probe(path))
         report.update(probe_ok=verdict["ok"], probe_detail=verdict["detail"], file_bytes=os.path.getsize(path))
         return

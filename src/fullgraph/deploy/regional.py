@@ -27,7 +27,8 @@ from torch import nn
 
 from fullgraph.compile.regional import BlockGroup, find_repeated_blocks
 from fullgraph.deploy._common import DeployError
-from fullgraph.deploy.package import LoadedPackage, export, load
+from fullgraph.deploy.build import export
+from fullgraph.deploy.package import LoadedPackage, load
 from fullgraph.errors import UsageError
 
 META_KEY = "fullgraph_regional"

@@ -1,0 +1,143 @@
+"""Building AOTInductor packages: `export` captures a model with `torch.export.export` (dynamic dims declared as in
+`fullgraph.compile`) and builds it with `torch._inductor.aoti_compile_and_package` into one .pt2 file, recording the
+versions and inputs that `fullgraph.deploy.package.load` checks (see that module for loading, safely)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import linecache
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from fullgraph._paths import display_path
+from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
+from fullgraph.compile.options import resolve
+from fullgraph.deploy._common import DeployError, environment, input_signature
+from fullgraph.deploy.package import META_PREFIX
+from fullgraph.env import first_line
+from fullgraph.errors import UsageError
+
+
+def _dynamic_shapes(model: torch.nn.Module, args: tuple, spec: Mapping) -> dict[str, Any]:
+    """fullgraph.compile's dynamic spec ({"x": {0: (1, 32)}}) as torch.export's dynamic_shapes, by argument name."""
+    spec = check_dynamic_spec(spec)
+    try:
+        bound = inspect.signature(model.forward).bind(*args)
+    except TypeError as e:
+        raise UsageError(f"the example inputs do not fit {type(model).__name__}.forward: {e}") from None
+    named = dict(bound.arguments)
+    for path in spec:
+        if _root(path) not in named:
+            raise UsageError(f"dynamic spec names {_root(path)!r}, which is not an input; inputs: {', '.join(named)}")
+    left = dict(spec)
+
+    def leaf(keypath: tuple, value: Any) -> Any:
+        path = _render(keypath)
+        if path not in left or not isinstance(value, torch.Tensor):
+            return None
+        stem, ranges = "".join(c if c.isalnum() else "_" for c in path), left.pop(path)
+        for d in ranges:
+            if not -value.ndim <= d < value.ndim:
+                raise UsageError(f"{path} has {value.ndim} dims, so dim {d} is out of range")
+        return {
+            d % value.ndim: torch.export.Dim(f"{stem}_{d % value.ndim}", min=lo, max=hi)
+            for d, (lo, hi) in ranges.items()
+        }
+
+    shapes = pytree.tree_map_with_path(leaf, named)
+    if left:
+        raise UsageError(f"dynamic spec paths {sorted(left)} do not lead to tensors among the inputs")
+    return shapes
+
+
+# Inductor options a preset may set that an AOTInductor package does not take: CUDA graphs (a package has none; load
+# with cuda_graphs=True instead) and cpp_wrapper (a package's wrapper is always C++).
+AOT_DROPPED = ("triton.cudagraphs", "triton.cudagraph_trees", "cpp_wrapper")
+
+
+def aot_options(preset: str | None, mode: str | None = None) -> dict[str, Any]:
+    """The Inductor options of `preset` (or "dev") with `mode`'s expansion that AOTInductor takes; {} for neither."""
+    if preset is None and mode is None:
+        return {}
+    return {k: v for k, v in resolve(preset or "dev", mode=mode).options.items() if k not in AOT_DROPPED}
+
+
+def export(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    path: str | os.PathLike,
+    *,
+    dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
+    preset: str | None = None,
+    mode: str | None = None,
+) -> str:
+    """Export `model` for `example_inputs` (a tuple of positional inputs) into an AOTInductor package at `path`
+    (a name ending in .pt2), written whole or not at all; returns the path.
+
+    `dynamic={"x": {0: (1, 32)}}` declares input dims dynamic with their ranges, named as in `fullgraph.compile`;
+    every other dim is fixed at its example size. The package runs on the device the model and inputs are on.
+    `preset` (a `fullgraph.compile` preset name) passes that preset's Inductor options to AOTInductor (edge's
+    max-autotune and freezing, say), `mode` a torch.compile mode's, less those a package cannot use (`AOT_DROPPED`:
+    CUDA graphs, cpp_wrapper). Both are checked before anything is traced.
+    The package records the torch and fullgraph versions and the inputs, which `load` checks.
+    """
+    path = os.fspath(path)
+    if not path.endswith(".pt2"):
+        raise UsageError(f"{path!r}: an AOTInductor package's name ends in .pt2 (torch's loader expects it)")
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"export takes an nn.Module, not {type(model).__name__}")
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    shapes = _dynamic_shapes(model, args, dynamic) if dynamic else None
+    options = aot_options(preset, mode)
+    try:
+        program = torch.export.export(model, args, dynamic_shapes=shapes)
+    except Exception as e:  # export reports data-dependent control flow, unsupported ops, bad ranges, ...
+        raise DeployError(
+            f"torch.export could not capture {type(model).__name__}{_where(e)}: {first_line(e)}; run "
+            "`fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"
+        ) from e
+    declared = {k: {str(d): list(r) for d, r in v.items()} for k, v in check_dynamic_spec(dynamic or {}).items()}
+    here = environment()
+    meta = {
+        "fullgraph": here["fullgraph"],
+        "torch": here["torch"],
+        "inputs": input_signature(args),
+        "dynamic": json.dumps(declared),
+        "preset": " ".join(x for x in (preset, mode) if x),
+    }
+    configs = {**options, "aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()}}
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    # Built in a private folder beside `path` under its final name (the archive's inner folder is named after
+    # the file), then renamed into place: a reader never sees half a package.
+    work = tempfile.mkdtemp(prefix=".fullgraph-export-", dir=folder)
+    try:
+        built = torch._inductor.aoti_compile_and_package(
+            program, package_path=os.path.join(work, os.path.basename(path)), inductor_configs=configs
+        )
+        os.chmod(built, 0o644)
+        os.replace(built, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+def _where(e: BaseException) -> str:
+    """` at model.py:42 (`if x.sum() > 0:`)`: the user's line torch.export names under "The following call raised
+    this error", or "" when it names none."""
+    text = str(e)
+    tail = text[text.find("The following call raised this error") :] if "The following call raised" in text else ""
+    found = re.search(r'File "([^"]+)", line (\d+)', tail)
+    if not found:
+        return ""
+    file, line = found.group(1), int(found.group(2))
+    source = linecache.getline(file, line).strip()
+    return f" at {display_path(file)}:{line}" + (f" (`{source}`)" if source else "")
