@@ -53,7 +53,7 @@ SUITES = {
     ),
     "coldstart": (
         "fullgraph.bench.suites.coldstart",
-        "time to first output in fresh processes: cold compile, warm cache folder, cache artifacts, AOT package",
+        "time to first output in fresh processes: cold compile, warm cache, cache artifacts, AOT package, precompiled",
         [
             (
                 "--model",
@@ -63,7 +63,7 @@ SUITES = {
             ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
             ("--preset", {"help": "fullgraph.compile preset (default perception on GPU, dev on CPU)"}),
             ("--depth", {"type": int, "help": "blocks (default: the model's)"}),
-            ("--routes", {"help": "subset of cold,warm,artifacts,package (default: all; warm needs cold)"}),
+            ("--routes", {"help": "subset of cold,warm,artifacts,package,precompiled (default: all; warm needs cold)"}),
             ("--timeout", {"type": float, "help": "seconds one process may take (default 900)"}),
             ("--workdir", {"help": "work in this new folder and keep it: caches, package, each process's log"}),
         ],

@@ -8,11 +8,13 @@ applies to its own files).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
 import stat
 from collections.abc import Iterable, Mapping
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import torch
 from torch.utils import _pytree as pytree
@@ -142,3 +144,36 @@ def write_private(path: str | os.PathLike, chunks: Iterable[bytes]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+Meta = TypeVar("Meta")
+
+
+def read_framed(path: str | os.PathLike, *, what: str, kind: str, magic: bytes, fmt: int, meta_cls: type[Meta],
+                fix: str, make: str, contents: str) -> tuple[Meta, bytes]:  # fmt: skip
+    """A file written as `magic`, a JSON header (`meta_cls`'s fields, with "format", "payload_bytes" and
+    "payload_sha256"), a newline and the payload: its header and payload after the ownership and permission
+    checks, the format and the checksum; nothing is unpickled. Each refusal is one DeployError naming the cause and
+    `fix` (`make`: the call that makes such a file; `what` / `kind` / `contents`: what the file is, its short name and
+    what its payload is)."""
+    shown = display_path(path)
+    with open_trusted(path, what) as f:
+        data = f.read()
+    if not data.startswith(magic):
+        raise DeployError(f"{shown} is not a fullgraph {kind} file (no {magic.strip().decode()} header); "
+                          f"make one with {make}")  # fmt: skip
+    header, newline, payload = data[len(magic) :].partition(b"\n")
+    try:
+        raw = json.loads(header) if newline else None
+        if not isinstance(raw, dict):
+            raise ValueError("no header object")
+        if raw.get("format") != fmt:
+            raise DeployError(f"{shown} has {kind} format {raw.get('format')!r}, this fullgraph reads {fmt}; {fix}")
+        meta = meta_cls(**raw)
+    except (ValueError, TypeError) as e:  # bad JSON, missing or unknown fields
+        raise DeployError(f"{shown} has a damaged header ({e}); {fix}") from None
+    size, sha = meta.payload_bytes, meta.payload_sha256  # type: ignore[attr-defined]
+    if len(payload) != size or hashlib.sha256(payload).hexdigest() != sha:
+        raise DeployError(f"{shown} is damaged or truncated: {len(payload)} bytes of {contents} where its header "
+                          f"says {size}, or a checksum that does not match; {fix}")  # fmt: skip
+    return meta, payload

@@ -37,7 +37,7 @@ from fullgraph.deploy._common import (
     environment,
     input_signature,
     mismatches,
-    open_trusted,
+    read_framed,
     write_private,
 )
 from fullgraph.errors import UsageError
@@ -113,33 +113,8 @@ def save_cache(path: str | os.PathLike, *, preset: Any = None, signature: str | 
 def read_cache(path: str | os.PathLike) -> tuple[CacheMeta, bytes]:
     """The header and the artifacts of a cache file, after the ownership and permission checks and the checksum;
     nothing is loaded."""
-    shown = display_path(path)
-    with open_trusted(path, "cache artifacts") as f:
-        data = f.read()
-    if not data.startswith(MAGIC):
-        raise DeployError(
-            f"{shown} is not a fullgraph cache file (no {MAGIC.strip().decode()} header); "
-            "make one with fullgraph.deploy.save_cache"
-        )
-    end = data.find(b"\n", len(MAGIC))
-    try:
-        if end < 0:
-            raise ValueError("no end of header")
-        raw = json.loads(data[len(MAGIC) : end])
-        if not isinstance(raw, dict):
-            raise TypeError(f"a {type(raw).__name__}, not an object")
-        if raw.get("format") != FORMAT:
-            raise DeployError(f"{shown} has cache format {raw.get('format')!r}, this fullgraph reads {FORMAT}; {_FIX}")
-        meta = CacheMeta(**raw)
-    except (ValueError, TypeError) as e:  # bad JSON, missing or unknown fields
-        raise DeployError(f"{shown} has a damaged header ({e}); {_FIX}") from None
-    payload = data[end + 1 :]
-    if len(payload) != meta.payload_bytes or hashlib.sha256(payload).hexdigest() != meta.payload_sha256:
-        raise DeployError(
-            f"{shown} is damaged or truncated: {len(payload)} bytes of artifacts where its header "
-            f"says {meta.payload_bytes}, or a checksum that does not match; {_FIX}"
-        )
-    return meta, payload
+    return read_framed(path, kind="cache", what="cache artifacts", magic=MAGIC, fmt=FORMAT, meta_cls=CacheMeta,
+                       fix=_FIX, make="fullgraph.deploy.save_cache", contents="artifacts")  # fmt: skip
 
 
 def load_cache(path: str | os.PathLike, *, preset: Any = None, signature: str | None = None) -> CacheMeta:

@@ -12,7 +12,12 @@ which cache folder it sees (empty for a cold compile, filled for a warm one). Th
 - `load-package`: `fullgraph.deploy.load(--package)` and a first call, no model built;
 - `save-cache`: compile and call as `compile`, then `save_cache(--cache)` (a setup step);
 - `export`: `fullgraph.deploy.export(--package)` then `probe` (a setup step: the probe's verdict is cached in
-  FULLGRAPH_CACHE_DIR, so `load-package` in the same folder skips it, as a deployment that probed at install does).
+  FULLGRAPH_CACHE_DIR, so `load-package` in the same folder skips it, as a deployment that probed at install does);
+- `save-precompiled`: `save_precompiled(model, inputs, --precompiled)` with the preset's Inductor options less its
+  CUDA graphs (a setup step);
+- `load-precompiled`: build the model, `load_precompiled(--precompiled, model)` and a first call; where the preset
+  runs CUDA graphs (reduce-overhead, on a GPU), the calls go through `fullgraph.compile.GraphedCall`, which captures
+  from the second call on.
 
 Phases: `device_s` the inputs put on the device (the device's own start-up: CUDA's context on a GPU), `build_s`
 the model built and its weights on the device, `load_s` the file loaded, `first_call_s` from `fullgraph.compile`
@@ -47,13 +52,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 import fullgraph.compile
-from fullgraph.deploy import build, cache, package
+from fullgraph.compile import GraphedCall, resolve
+from fullgraph.deploy import build, cache, package, precompile
 from fullgraph.deploy._common import input_signature
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
 from fullgraph.timing import first_call, measure
 
-ACTIONS = ("compile", "load-cache", "load-package", "save-cache", "export")
+ACTIONS = ("compile", "load-cache", "load-package", "load-precompiled", "save-cache", "export", "save-precompiled")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # torch's counters that say whether a compile came from the caches (torch._dynamo.utils.counters[group][key]).
 COUNTERS = (
@@ -76,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=10, help="steady calls timed after the first (median)")
     p.add_argument("--cache", help="cache artifacts file (load-cache, save-cache)")
     p.add_argument("--package", help="AOTInductor package, .pt2 (load-package, export)")
+    p.add_argument("--precompiled", help="precompiled file (load-precompiled, save-precompiled)")
     p.add_argument("--out", help="save the first output here (torch.save, fp32 CPU tensors)")
     return p
 
@@ -143,9 +150,22 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         verdict = clock.time("probe_s", lambda: package.probe(path))
         report.update(probe_ok=verdict["ok"], probe_detail=verdict["detail"], file_bytes=os.path.getsize(path))
         return
+    if args.action == "save-precompiled":
+        model = clock.time("build_s", lambda: _build(args, device, dtype))
+        path = _need(args, "precompiled")
+        options = {k: v for k, v in resolve(args.preset).options.items() if not k.startswith("triton.cudagraph")}
+        clock.time("save_s", lambda: precompile.save_precompiled(model, inputs, path, options=options))
+        report["file_bytes"] = os.path.getsize(path)
+        return
     if args.action == "load-package":
         report["build_s"] = None  # the weights are in the package
         fn = clock.time("load_s", lambda: package.load(_need(args, "package")))
+        first_s, out = first_call(lambda: fn(*inputs), device)
+    elif args.action == "load-precompiled":
+        model = clock.time("build_s", lambda: _build(args, device, dtype))
+        fn = clock.time("load_s", lambda: precompile.load_precompiled(_need(args, "precompiled"), model))
+        if device.type == "cuda" and resolve(args.preset).mode == "reduce-overhead":
+            fn = GraphedCall(fn, name="precompiled")
         first_s, out = first_call(lambda: fn(*inputs), device)
     else:
         model = clock.time("build_s", lambda: _build(args, device, dtype))

@@ -55,15 +55,17 @@ def test_every_route_runs_in_its_own_process_and_the_warm_ones_hit_the_caches(tm
     work = tmp_path / "work"
     rows, timed = run_suite(tmp_path, "coldstart", "--model", "linears", "--workdir", str(work))
     assert timed == set(suite.ROUTES)
-    assert all(v == 1 for v in by_route(rows, "ok").values()) and len(by_route(rows, "ok")) == 6, rows
+    assert all(v == 1 for v in by_route(rows, "ok").values()) and len(by_route(rows, "ok")) == 8, rows
     hit, miss = by_route(rows, "fxgraph_cache_hit"), by_route(rows, "fxgraph_cache_miss")
     assert hit["cold"] == 0 and miss["cold"] >= 1, (hit, miss)  # an empty folder: Inductor compiled
     assert hit["warm"] >= 1 and miss["warm"] == 0, (hit, miss)  # the folder cold filled
     assert hit["artifacts"] >= 1 and miss["artifacts"] == 0, (hit, miss)  # an empty folder, filled by load_cache
     assert by_route(rows, "autograd_cache_hit")["artifacts"] >= 1
     assert hit["package"] == miss["package"] == 0  # the package's process compiled nothing
+    assert hit["precompiled"] == miss["precompiled"] == 0  # nor did the precompiled one: no graph reached Inductor
     load = by_route(rows, "load_s")
     assert load["cold"] == load["warm"] == 0 and load["artifacts"] > 0 and load["package"] > 0, load
+    assert load["precompiled"] > 0
     assert "package" not in by_route(rows, "build_s")  # no model built: the weights are in the package
     errors = by_route(rows, "rel_err")
     assert set(errors) == timed and all(e < 1e-5 for e in errors.values()), errors
@@ -77,9 +79,11 @@ def test_every_route_runs_in_its_own_process_and_the_warm_ones_hit_the_caches(tm
     sizes = by_route(rows, "file_bytes")
     assert (work / "model.fgcache").stat().st_size == sizes["setup: save artifacts"]
     assert (work / "model.pt2").stat().st_size == sizes["setup: export package"]
+    assert (work / "model.fgpre").stat().st_size == sizes["setup: precompile"]
     assert (work / "cold.log").read_text().startswith("$ ")  # each process's output is kept in --workdir
     out = capsys.readouterr().out
     assert "each route a fresh process" in out and "setup: export package: built in" in out and "failed" not in out
+    assert "setup: precompile: compiled and saved in" in out
 
 
 def test_a_child_killed_by_a_signal_is_a_failed_route_with_its_error(tmp_path, monkeypatch, capsys):

@@ -42,7 +42,7 @@ from fullgraph.models.vit import PlainViT
 from fullgraph.models.vit import config as vit_config
 from fullgraph.timing import resolve_device
 
-ROUTES = ("cold", "warm", "artifacts", "package")
+ROUTES = ("cold", "warm", "artifacts", "package", "precompiled")
 CHILD_TIMEOUT_S = 900.0
 DIT_TOKENS = 256
 # What a child keeps of this process's environment: where programs and libraries are (the C++ compiler Inductor
@@ -325,6 +325,17 @@ def run_routes(plan: Plan, work: str, say: Callable[[str], None]) -> dict[str, C
             if setup.ok
             else Child("package", False, f"not run: the export failed ({setup.error})", None)
         )
+    if "precompiled" in plan.routes:
+        path = os.path.join(work, "model.fgpre")
+        say("precompiled, setup: Dynamo's ahead-of-time compile saved to a file (not timed as a cold start)")
+        setup = done["setup: precompile"] = run_child("precompile", "save-precompiled", plan, work,
+                                                      "inductor-precompile", precompiled=path)  # fmt: skip
+        say("precompiled: a fresh process loads it into an empty cache folder and calls the model through it")
+        done["precompiled"] = (
+            run_child("precompiled", "load-precompiled", plan, work, "inductor-precompiled", precompiled=path)
+            if setup.ok
+            else Child("precompiled", False, f"not run: precompiling failed ({setup.error})", None)
+        )
     return done
 
 
@@ -393,6 +404,8 @@ def _setup_note(name: str, child: Child) -> str:
     if "export_s" in r:
         probe = "passed" if r.get("probe_ok") else f"failed ({r.get('probe_detail') or 'no detail'})"
         return f"{name}: built in {r['export_s']:.1f} s{size}; probe {probe} in {r.get('probe_s', 0):.1f} s"
+    if "first_call_s" not in r:  # precompiled: compiled and saved in one call
+        return f"{name}: compiled and saved in {r.get('save_s', 0):.1f} s{size}"
     return f"{name}: compiled in {r.get('first_call_s', 0):.1f} s, saved in {r.get('save_s', 0):.2f} s{size}"
 
 

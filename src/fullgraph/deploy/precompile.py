@@ -1,0 +1,286 @@
+"""Dynamo precompilation: a model's call compiled ahead of time into one file, loaded by a new process that then
+runs it with no Dynamo tracing and no Inductor compile.
+
+`save_precompiled` captures `model(*inputs)` in one graph for the example inputs with
+`torch.compile(fn, fullgraph=True).aot_compile(...)` (torch 2.11 and later; `fn` takes the model as its first
+input), compiles it with Inductor,
+and writes what that returns (the compiled code, its guards and the Python glue) with a header saying where it was
+made. `load_precompiled(path, model)` checks the header, deserializes it with
+`torch.compiler.load_compiled_function` and returns a callable that runs `model` through the compiled
+code. The weights are not in the file: they are read from `model` at each call, so the same file serves any
+instance of the same class with the same parameter shapes.
+
+Where it differs from the other warm starts: cache artifacts (`fullgraph.deploy.cache`) skip Inductor but Dynamo
+still traces the model in the new process; an AOTInductor package (`fullgraph.deploy.package`) skips both, but
+goes through torch.export and a shared library loaded by native code (which crashed on the H200 image). Here the
+loaded code is Python (Inductor's output module) and kernels: on a GPU the Triton kernels travel compiled inside
+the file; on a CPU the C++ kernels travel as source and are built by the C++ compiler when the file is loaded,
+unless the Inductor cache folder already holds them.
+
+What the file holds is checked at each call by torch's guards: other shapes, dtypes or devices than precompiled
+(outside a range declared with `dynamic=`), another module class, or a changed global setting make the call
+raise a DeployError naming the guard that failed, instead of recompiling.
+
+Calls run under `torch.no_grad()`: the graph is an inference graph, compiled with autograd off.
+
+Security: the file is a pickle of code objects that run when loaded. `load_precompiled` refuses a file that
+another user owns or that anyone but its owner can write, like the other loaders (fullgraph.deploy._common).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import io
+import json
+import os
+import platform
+import re
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from fullgraph._paths import display_path
+from fullgraph.compile.dynamic import check_dynamic_spec, declare_dynamic
+from fullgraph.deploy._common import (
+    DeployError,
+    environment,
+    input_signature,
+    mismatches,
+    read_framed,
+    write_private,
+)
+from fullgraph.env import first_line
+from fullgraph.errors import UsageError
+
+MAGIC = b"FULLGRAPH-PRECOMPILED\n"
+FORMAT = 1
+MIN_TORCH = (2, 11)  # aot_compile as used here: bound methods, guards on the module, dynamic=; 2.9/2.10 differ
+# Header keys that must equal this process's: torch refuses another Python or torch itself (with less clear
+# errors), and compiled kernels belong to one triton and one GPU.
+ENVIRONMENT_KEYS = ("python", "torch", "triton", "fullgraph", "device", "capability")
+_FIX = "precompile the model again in this environment (fullgraph.deploy.save_precompiled)"
+
+
+@dataclass(frozen=True)
+class PrecompiledMeta:
+    """The header of a precompiled file: where it was made, for which model and inputs, and a checksum."""
+
+    python: str
+    torch: str
+    triton: str | None
+    fullgraph: str
+    device: str  # GPU name, or "cpu"
+    capability: str | None
+    model: str  # the module class, "package.module.Class"
+    signature: str  # the example inputs, fullgraph.deploy.input_signature
+    dynamic: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # {"x": {"0": [2, 64]}}
+    mode: str | None = None
+    payload_sha256: str = ""
+    payload_bytes: int = 0
+    created: str = ""
+    format: int = FORMAT
+
+
+def _here() -> dict[str, Any]:
+    return {**environment(), "python": platform.python_version()}
+
+
+def _class_name(model: torch.nn.Module) -> str:
+    cls = type(model)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def unsupported_reason() -> str | None:
+    """Why this torch cannot precompile (one line), or None when it can."""
+    version = torch.__version__
+    release = tuple(int(p) for p in re.findall(r"\d+", str(version).split("+")[0])[:2])
+    if release < MIN_TORCH or not hasattr(torch.compiler, "load_compiled_function"):
+        need = ".".join(map(str, MIN_TORCH))
+        return (
+            f"precompiling needs torch {need} or later (torch.compile(...).aot_compile and "
+            f"torch.compiler.load_compiled_function), this is torch {version}; use cache artifacts "
+            "(fullgraph.deploy.save_cache) instead"
+        )
+    return None
+
+
+def _require_api() -> None:
+    reason = unsupported_reason()
+    if reason:
+        raise DeployError(reason)
+
+
+def _call_model(model: torch.nn.Module, *args: Any) -> Any:
+    """What is compiled: a call of the model passed in. The model is an input, not part of the compiled function
+    (torch refuses to serialize a module it finds inside one, as in the wrapper it puts around a bound
+    `forward` of torch's own modules, nn.Sequential's say), and its weights are read at each call."""
+    return model(*args)
+
+
+def _aot_compile(model: torch.nn.Module, args: tuple, mode: str | None, options: Mapping[str, Any] | None) -> Any:
+    """`model(*args)` captured and compiled: torch's AOTCompiledFunction, called as fn(model, *args)."""
+    # Off by default before torch 2.13; read when torch.compile builds its wrapper, so it is set around that call.
+    patch = {"enable_aot_compile": True} if hasattr(torch._dynamo.config, "enable_aot_compile") else {}
+    with torch._dynamo.config.patch(patch):
+        wrapper = torch.compile(_call_model, fullgraph=True, backend="inductor", mode=mode, options=options)
+    if not hasattr(wrapper, "aot_compile"):
+        raise DeployError(f"torch {torch.__version__} offers no torch.compile(...).aot_compile here; {_FIX}")
+    with torch.no_grad():
+        return wrapper.aot_compile(((model, *args), {}))
+
+
+def save_precompiled(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    path: str | os.PathLike,
+    *,
+    dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> PrecompiledMeta:
+    """Compile a call of `model` on `example_inputs` (a tuple of positional inputs, on the device to run on) ahead
+    of time and write it to `path`, whole or not at all, with mode 0644; returns the header written.
+
+    `dynamic={"x": {0: (2, 64)}}` declares input dims dynamic with their ranges, named as in `fullgraph.compile`;
+    every other dim is fixed at its example size. Dynamo specializes sizes 0 and 1, so a range is served from 2
+    on (a size-1 call fails its guard). `mode` and `options` are torch.compile's (Inductor's). The call is
+    `model(*inputs)`, so forward hooks registered at save time are traced into it. Compiles in this process, under
+    `torch.no_grad()`; nothing is installed on `model`, whose own calls stay eager.
+    """
+    _require_api()
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"save_precompiled takes an nn.Module, not {type(model).__name__}")
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    spec = check_dynamic_spec(dynamic or {})
+    # Marked on aliases, so that the caller's tensors carry no dynamic marks afterwards.
+    args = pytree.tree_map_only(torch.Tensor, lambda t: t.detach(), args)
+    if spec:
+        declare_dynamic(model, args, {}, spec)
+    if torch._inductor.config.force_disable_caches:
+        raise DeployError(
+            "precompiling needs Inductor's caches, which are disabled here "
+            "(TORCHINDUCTOR_FORCE_DISABLE_CACHES or torch._inductor.config.force_disable_caches); unset it"
+        )
+    try:
+        compiled = _aot_compile(model, args, mode, options)
+    except DeployError:
+        raise
+    except Exception as e:  # Dynamo reports graph breaks and unsupported code, Inductor its lowering failures
+        raise DeployError(
+            f"could not precompile {type(model).__name__} in one graph: {first_line(e)}; run "
+            "`fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"
+        ) from e
+    payload = _serialize(compiled, os.fspath(path))
+    meta = PrecompiledMeta(
+        **_here(),
+        model=_class_name(model),
+        signature=input_signature(args),
+        dynamic={k: {str(d): list(r) for d, r in v.items()} for k, v in spec.items()},
+        mode=mode,
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+        payload_bytes=len(payload),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    header = json.dumps(asdict(meta), sort_keys=True).encode() + b"\n"
+    write_private(path, (MAGIC, header, payload))
+    return meta
+
+
+def _serialize(compiled: Any, path: str) -> bytes:
+    """The bytes torch writes for a compiled function (save_compiled_function takes a path), via a private
+    folder beside `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fullgraph-precompile-", dir=folder) as work:
+        raw = os.path.join(work, "compiled.bin")
+        try:
+            compiled.save_compiled_function(raw)
+        except Exception as e:  # a backend whose output torch cannot serialize, an object in the closure, ...
+            raise DeployError(f"torch could not serialize the precompiled model: {first_line(e)}") from e
+        with open(raw, "rb") as f:
+            return f.read()
+
+
+def read_precompiled(path: str | os.PathLike) -> tuple[PrecompiledMeta, bytes]:
+    """The header and the payload of a precompiled file, after the ownership and permission checks and the
+    checksum; nothing is unpickled."""
+    return read_framed(path, kind="precompiled", what="precompiled model", magic=MAGIC, fmt=FORMAT,
+                       meta_cls=PrecompiledMeta, fix=_FIX, make="fullgraph.deploy.save_precompiled",
+                       contents="compiled code")  # fmt: skip
+
+
+class PrecompiledModel:
+    """A precompiled call bound to a model: call it like the model (`loaded(x)`), under `torch.no_grad()`."""
+
+    def __init__(self, path: str, meta: PrecompiledMeta, model: torch.nn.Module, compiled: Any):
+        self.path, self.meta, self.model = path, meta, model
+        self._compiled = compiled
+
+    def __call__(self, *args: Any) -> Any:
+        """The model's output for these positional inputs (precompiled for positional inputs only)."""
+        try:
+            with torch.no_grad():
+                return self._compiled(self.model, *args)
+        except RuntimeError as e:
+            if not str(e).startswith("GuardManager check failed"):
+                raise
+            guard = _failed_guard(str(e), self.model)
+            hint = ", or declare the dim dynamic (save_precompiled(..., dynamic=))" if "size" in guard else ""
+            raise DeployError(
+                f"{display_path(self.path)} was precompiled for inputs {self.meta.signature}, not "
+                f"{input_signature(args)}: {guard}; precompile again for these inputs{hint}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"PrecompiledModel({display_path(self.path)!r}, {self.meta.model}, inputs={self.meta.signature!r})"
+
+
+def _failed_guard(message: str, model: torch.nn.Module) -> str:
+    """The first failed guard in torch's GuardDebugInfo text, without its source comment, inputs by their names in
+    the model's forward (torch names them L['args'][0], the model L['model'])."""
+    found = re.search(r"verbose_code_parts=\[\s*(['\"])(.*?)\1", message, re.S)
+    if not found:
+        return "a guard failed"
+    guard = found.group(2).split("  #")[0].strip()
+    with contextlib.suppress(TypeError, ValueError):
+        names = list(inspect.signature(model.forward).parameters)
+        guard = re.sub(r"L\['args'\]\[(\d+)\]", lambda m: names[int(m[1])] if int(m[1]) < len(names) else m[0], guard)
+    return "guard " + guard.replace("L['model']", "the model")[:200]
+
+
+def load_precompiled(
+    path: str | os.PathLike, model: torch.nn.Module, *, signature: str | None = None
+) -> PrecompiledModel:
+    """Load a file written by `save_precompiled` as a callable that runs `model` (same class, any weights of the
+    same shapes) through the precompiled code: its first call traces nothing and compiles nothing.
+
+    Refused, with one line naming the cause, before anything is unpickled: a file another user owns or that others
+    can write, a damaged or truncated file, a file made with another Python, torch, triton or fullgraph or on another
+    GPU (or on the CPU for a GPU, and back), for another module class, and, when given, for other inputs than
+    `signature` (`input_signature(x)`).
+    """
+    _require_api()
+    path = os.fspath(path)
+    shown = display_path(path)
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"load_precompiled takes the nn.Module to run, not {type(model).__name__}")
+    meta, payload = read_precompiled(path)
+    wrong = mismatches(asdict(meta), _here(), ENVIRONMENT_KEYS)
+    if meta.model != _class_name(model):
+        wrong.append(f"model {meta.model} there, {_class_name(model)} here")
+    if signature is not None and signature != meta.signature:
+        wrong.append(f"inputs {meta.signature} there, {signature} here")
+    if wrong:
+        raise DeployError(f"refusing precompiled model {shown}: {'; '.join(wrong)}; {_FIX}")
+    try:
+        compiled = torch.compiler.load_compiled_function(io.BytesIO(payload))
+    except Exception as e:  # torch's unpickler and compatibility checks raise what they meet
+        raise DeployError(f"torch could not load the precompiled model {shown}: {first_line(e)}; {_FIX}") from e
+    return PrecompiledModel(os.path.abspath(path), meta, model, compiled)

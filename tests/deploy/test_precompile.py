@@ -1,0 +1,175 @@
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from fullgraph.deploy import DeployError
+from fullgraph.deploy import precompile as pre
+from fullgraph.deploy._common import environment
+from tests.deploy._models import Linears, linears
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_api = pytest.mark.skipif(pre.unsupported_reason() is not None, reason=pre.unsupported_reason() or "")
+
+# The fresh process: load the file into a model of other weights and one of the saved weights, run both, then
+# trace the model with Dynamo (backend="eager") as a control that the counters see a trace when there is one.
+CHILD = """
+import json, sys, time
+start = time.perf_counter()
+import torch
+from fullgraph.deploy.precompile import load_precompiled
+from fullgraph.deploy import DeployError
+from tests.deploy._models import Linears
+from torch._dynamo.utils import counters
+
+folder = sys.argv[1]
+model = Linears().eval()
+model.load_state_dict(torch.load(folder + "/weights.pt"))
+x = torch.load(folder + "/x.pt")
+imported = time.perf_counter()
+loaded = load_precompiled(folder + "/linears.fgpre", model)
+y = loaded(x)
+first = time.perf_counter()
+other = Linears().eval()
+y_other = load_precompiled(folder + "/linears.fgpre", other)(x)
+report = {"import_s": imported - start, "load_and_first_call_s": first - imported}
+report["counters"] = {k: dict(v) for k, v in counters.items()}
+with torch.no_grad():
+    report["err"] = (y - model(x)).abs().max().item()
+    report["err_other_weights"] = (y_other - other(x)).abs().max().item()
+    report["expected"] = torch.load(folder + "/y.pt").sub(y).abs().max().item()
+try:
+    loaded(torch.randn(5, 8))
+except DeployError as e:
+    report["other_shape"] = str(e)
+torch.compile(model, backend="eager", fullgraph=True)(x)
+report["control_unique_graphs"] = counters["stats"]["unique_graphs"]
+print(json.dumps(report))
+"""
+
+
+@needs_api
+@pytest.mark.slow
+def test_a_fresh_process_runs_the_precompiled_model_without_tracing_or_compiling(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-save"))
+    model, (x,) = linears()
+    with torch.no_grad():
+        torch.save(model(x), tmp_path / "y.pt")
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    torch.save(x, tmp_path / "x.pt")
+    meta = pre.save_precompiled(model, (x,), tmp_path / "linears.fgpre")
+    assert (meta.model, meta.signature) == ("tests.deploy._models.Linears", "4x8:float32@cpu")
+    assert (tmp_path / "linears.fgpre").stat().st_mode & 0o777 == 0o644
+    assert not list(tmp_path.glob(".fullgraph-precompile-*")), "the private work folder was left behind"
+
+    empty = tmp_path / "inductor-load"  # nothing compiled is there: all of it must come from the file
+    child_env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(empty), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path)], cwd=tmp_path, env=child_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    took = report["load_and_first_call_s"]
+    print(f"fresh process: import {report['import_s']:.2f} s, load + first call {took:.2f} s")
+    counters = report["counters"]
+    assert counters.get("stats", {}).get("unique_graphs", 0) == 0, counters  # Dynamo traced nothing
+    assert not counters.get("frames"), counters
+    assert counters.get("inductor", {}).get("fxgraph_cache_miss", 0) == 0, counters  # Inductor compiled nothing
+    assert counters.get("aot_autograd", {}).get("autograd_cache_miss", 0) == 0, counters
+    assert report["control_unique_graphs"] >= 1, report  # the counter does see a trace when one happens
+    assert report["err"] < 1e-5 and report["expected"] < 1e-5, report
+    assert report["err_other_weights"] < 1e-5, report  # the weights come from the model given, not the file
+    assert "precompiled for inputs 4x8:float32@cpu, not 5x8:float32@cpu" in report["other_shape"], report
+    assert "size mismatch" in report["other_shape"], report
+
+
+@needs_api
+@pytest.mark.slow
+def test_a_declared_dynamic_dim_serves_other_sizes_and_refuses_outside_its_range(tmp_path, monkeypatch):
+    # One of torch's own modules: torch.compile wraps their bound forward in a closure that torch cannot serialize,
+    # so the model must be an input of what is compiled, not part of it.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(4, 8)
+    meta = pre.save_precompiled(model, (x,), tmp_path / "dyn.fgpre", dynamic={"input": {0: (2, 64)}})
+    assert meta.dynamic == {"input": {"0": [2, 64]}} and meta.model == "torch.nn.modules.container.Sequential"
+    assert not hasattr(x, "_dynamo_dynamic_indices"), "the caller's tensor was marked dynamic"
+    other = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).eval()
+    loaded = pre.load_precompiled(tmp_path / "dyn.fgpre", other)
+    z = torch.randn(17, 8)
+    with torch.no_grad():
+        assert (loaded(z) - other(z)).abs().max().item() < 1e-5
+    with pytest.raises(DeployError, match=r"not 65x8:float32@cpu: guard 2 <= input\.size\(\)\[0\] <= 64"):
+        loaded(torch.randn(65, 8))
+
+
+def forge(path: Path, payload: bytes = b"compiled", **changes) -> Path:
+    """A precompiled file as save_precompiled writes it, with header fields changed; its payload is never
+    unpickled (every test below is refused before that)."""
+    meta = pre.PrecompiledMeta(
+        **environment(),
+        python=platform.python_version(),
+        model="tests.deploy._models.Linears",
+        signature="4x8:float32@cpu",
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+        payload_bytes=len(payload),
+    )
+    header = json.dumps({**asdict(meta), **changes}).encode() + b"\n"
+    path.write_bytes(pre.MAGIC + header + payload)
+    path.chmod(0o644)
+    return path
+
+
+@needs_api
+def test_a_file_from_another_torch_or_python_is_refused_naming_both(tmp_path):
+    path = forge(tmp_path / "old.fgpre", torch="2.11.0+cu128", python="3.12.3")
+    with pytest.raises(DeployError) as e:
+        pre.load_precompiled(path, Linears())
+    msg = str(e.value)
+    assert f"torch 2.11.0+cu128 there, {torch.__version__} here" in msg
+    assert f"python 3.12.3 there, {platform.python_version()} here" in msg
+    assert "precompile the model again in this environment" in msg and "\n" not in msg
+
+
+@needs_api
+def test_another_model_class_or_other_inputs_are_refused(tmp_path):
+    path = forge(tmp_path / "m.fgpre")
+    with pytest.raises(DeployError, match=r"model tests\.deploy\._models\.Linears there, torch\.nn\..*Linear here"):
+        pre.load_precompiled(path, torch.nn.Linear(8, 4))
+    with pytest.raises(DeployError, match=r"inputs 4x8:float32@cpu there, 2x8:float32@cpu here"):
+        pre.load_precompiled(path, Linears(), signature="2x8:float32@cpu")
+
+
+@needs_api
+def test_damaged_foreign_or_writable_files_are_refused_before_unpickling(tmp_path):
+    path = forge(tmp_path / "m.fgpre")
+    path.write_bytes(path.read_bytes()[:-3])  # truncated payload
+    with pytest.raises(DeployError, match="damaged or truncated"):
+        pre.load_precompiled(path, Linears())
+    other = tmp_path / "cache.bin"
+    other.write_bytes(b"FULLGRAPH-CACHE\n{}\n")
+    other.chmod(0o644)
+    with pytest.raises(DeployError, match="not a fullgraph precompiled file"):
+        pre.load_precompiled(other, Linears())
+    shared = forge(tmp_path / "shared.fgpre")
+    shared.chmod(0o666)
+    with pytest.raises(DeployError, match="writable by group and others"):
+        pre.load_precompiled(shared, Linears())
+    bad = forge(tmp_path / "bad.fgpre", format=99)
+    with pytest.raises(DeployError, match="has precompiled format 99, this fullgraph reads 1"):
+        pre.read_precompiled(bad)
+
+
+def test_an_older_torch_is_named_with_the_version_needed(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.10.0+cu128")
+    reason = pre.unsupported_reason()
+    assert reason is not None and "needs torch 2.11 or later" in reason and "this is torch 2.10.0+cu128" in reason
+    with pytest.raises(DeployError, match=r"needs torch 2\.11 or later"):
+        pre.save_precompiled(Linears(), (torch.randn(4, 8),), "unused.fgpre")
