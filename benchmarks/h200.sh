@@ -2,7 +2,7 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot aoti-crash (default: env tests ceilings ops)
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,8 +89,11 @@ for step in $steps; do
     regional-aot)  # issue 15: one block's package loaded per layer against the whole model's, fresh processes
       $py benchmarks/regional_aot.py --device cuda ${REGIONAL_AOT_ARGS:-} --csv "$OUT/regional_aot_h200.csv" 2>&1 | tee "$OUT/regional_aot.txt" | tail -8
       ;;
+    dit-eager)  # issue 13: eager DiT, ours against the plain twin: aten ops, kernels, host time, latency per forward
+      $py benchmarks/dit_eager.py --device cuda ${DIT_EAGER_ARGS:-} 2>&1 | tee "$OUT/dit_eager_h200.txt" | tail -40
+      ;;
     aoti-crash)  # issue 15: why an AOTInductor package segfaults when loaded in a fresh process on this image
-      $py benchmarks/aoti_crash.py --out "$OUT/aoti_crash" --device cuda 2>&1 | tee "$OUT/aoti_crash.txt" | tail -40
+      $py benchmarks/aoti_crash.py --out "$OUT/aoti_crash" --device cuda ${AOTI_CRASH_ARGS:-} 2>&1 | tee "$OUT/aoti_crash.txt" | tail -40
       ;;
     grad-mode)
       $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"
