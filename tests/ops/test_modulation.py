@@ -120,3 +120,21 @@ def test_bad_input_names_the_argument(case):
     _, call, message = case
     with pytest.raises(UsageError, match=message):
         call()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", FORMS)
+def test_the_one_pass_eager_forms_leave_inputs_alone_and_match_the_differentiable_ones(form, dtype):
+    # Eager inference writes the result straight into x's dtype (`out=`); with grad it takes the float32 form.
+    x_shape, p_shape = form_shapes(form, 33)
+    x, h = torch.randn(x_shape, dtype=dtype), torch.randn(x_shape, dtype=dtype)
+    shift, scale = torch.randn(p_shape, dtype=dtype), torch.randn(p_shape, dtype=dtype)
+    before = [t.clone() for t in (x, h, shift, scale)]
+    fast = modulate_native(x, shift, scale), gated_residual_native(x, h, scale)
+    for t, b in zip((x, h, shift, scale), before, strict=True):
+        assert torch.equal(t, b)  # nothing written into the inputs (a float32 scale's .float() is itself)
+    leaves = [t.clone().requires_grad_() for t in (x, h, shift, scale)]
+    slow = modulate_native(leaves[0], leaves[2], leaves[3]), gated_residual_native(leaves[0], leaves[1], leaves[3])
+    for f, s in zip(fast, slow, strict=True):
+        assert f.dtype == s.dtype == dtype and f.shape == s.shape
+        torch.testing.assert_close(f, s.detach(), rtol=0, atol=0)  # both: float32 math, one rounding

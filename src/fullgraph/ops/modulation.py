@@ -5,7 +5,8 @@
 
 The conditioning parameters (shift, scale, gate) hold one row of C per batch element or per video frame:
 `[B, C]` or `[B, 1, C]` against x `[B, N, C]`; `[B, T, 1, C]` against x `[B, T, S, C]`, or against x
-`[B, N, C]` whose N tokens are T frames of N / T tokens each. Math is in float32; the result has x's dtype.
+`[B, N, C]` whose N tokens are T frames of N / T tokens each. Math is in float32, rounded once to x's dtype
+(in eager inference written straight into it: one pass over x).
 """
 
 from __future__ import annotations
@@ -72,24 +73,43 @@ def check_gated_residual_inputs(x: torch.Tensor, h: torch.Tensor, gate: torch.Te
 
 
 def _grouped(x: torch.Tensor, *params: torch.Tensor):
-    """x as [G, R, C] (its own dtype: a view where one exists) and each parameter (all of one shape) as float32
-    [G, 1, C], to broadcast row-wise. x is not upcast here: the float32 parameters promote the op that reads it, which
-    computes in float32 as an upcast copy would, without writing that copy (one pass over x fewer in eager mode)."""
+    """x as [G, R, C] (a view where one exists) and each parameter (all of one shape) as [G, 1, C], all in their own
+    dtypes, to broadcast row-wise."""
     if x.dim() == 3 and params[0].dim() == 2 and params[0].shape[0] == x.shape[0]:  # the common [B, C]: views only
-        return x, *(p[:, None].float() for p in params)
+        return x, *[p.unsqueeze(1) for p in params]  # unsqueeze: a third of p[:, None]'s host time
     n_groups, rows_per_group = groups(x, params[0])
     c = x.shape[-1]
-    return x.reshape(n_groups, rows_per_group, c), *(p.reshape(n_groups, 1, c).float() for p in params)
+    return x.reshape(n_groups, rows_per_group, c), *(p.reshape(n_groups, 1, c) for p in params)
+
+
+def _one_pass(*tensors: torch.Tensor) -> bool:
+    """Whether the native forms may write their result straight into x's dtype with `out=`: in eager inference.
+    `out=` is not differentiable, and under torch.compile the float32 form is what Inductor fuses into one pass."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def modulate_native(x, shift, scale):
-    xg, shift32, scale32 = _grouped(x, shift, scale)  # xg: [G, R, C], shift32/scale32: [G, 1, C] float32
-    return torch.addcmul(shift32, xg, 1 + scale32).reshape(x.shape).to(x.dtype)  # x·(1+scale)+shift in float32
+    xg, shift_g, scale_g = _grouped(x, shift, scale)  # xg: [G, R, C]; shift_g, scale_g: [G, 1, C]
+    if _one_pass(x, shift, scale):
+        # One pass over x: float32 math (1 + scale is float32, so addcmul computes in float32) rounded once into
+        # x's dtype; three launches, as the plain formula takes, where an upcast result and a cast back take two
+        # passes more.
+        out = torch.empty(xg.shape, dtype=x.dtype, device=x.device)
+        torch.addcmul(shift_g, xg, scale_g.float() + 1, out=out)
+        return out if xg is x else out.view(x.shape)
+    return torch.addcmul(shift_g.float(), xg, 1 + scale_g.float()).reshape(x.shape).to(x.dtype)  # in float32
 
 
 def gated_residual_native(x, h, gate):
-    xg, gate32 = _grouped(x, gate)
-    return torch.addcmul(xg, gate32, h.reshape(xg.shape)).reshape(x.shape).to(x.dtype)  # x + gate·h in float32
+    xg, gate_g = _grouped(x, gate)
+    hg = h if xg is x else h.reshape(xg.shape)
+    if _one_pass(x, h, gate):  # one pass, float32 math rounded once (gate upcast: a [G, 1, C] copy)
+        out = torch.empty(xg.shape, dtype=x.dtype, device=x.device)
+        torch.addcmul(xg, gate_g.float(), hg, out=out)
+        return out if xg is x else out.view(x.shape)
+    return torch.addcmul(xg, gate_g.float(), hg).reshape(x.shape).to(x.dtype)  # x + gate·h in float32
 
 
 def modulate_kernel(x, shift, scale):
