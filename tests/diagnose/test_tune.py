@@ -54,6 +54,10 @@ def test_estimates_scale_the_largest_compile_seen_by_each_modes_cost():
     assert clock.estimate(edge) == pytest.approx(cfg.COST["max-autotune-no-cudagraphs"] * 4.0 * tune_mod.MARGIN)
     assert not clock.fits(edge)  # 72 s estimated > 80 s less the 12 s kept for timing
     assert clock.fits(cfg.Candidate("eager", torch.float32))
+    edge.compile_s = 20.0  # edge in fp32 took 20 s: edge in bf16 is estimated from it, not from the cost table
+    clock.observe(edge)
+    assert clock.estimate(cfg.Candidate("edge", torch.bfloat16)) == pytest.approx(20.0 * tune_mod.SEEN_MARGIN)
+    assert clock.fits(cfg.Candidate("edge", torch.bfloat16))
 
 
 def test_a_budget_too_small_for_any_compile_keeps_eager_and_names_what_it_left_out(monkeypatch):

@@ -11,8 +11,9 @@ fits what is left, less the share kept for timing):
 
 Every row is built like the doctor's (a copy of the model, through `fullgraph.compile`, numerics checked against
 eager fp32) and kept; at the end all rows are timed together in interleaved rounds, so the table is one side-by-side
-measurement and the pick is made from it (`configs.recommend`). Compile estimates: compiled rows' seconds
-scaled by each mode's relative cost (`configs.COST`), the largest seen, with a 1.5x margin.
+measurement and the pick is made from it (`configs.recommend`). Compile estimates: the same preset or mode's
+compile in another dtype when one was seen (x1.25), else the largest compile seen scaled by the mode's relative
+cost (`configs.COST`, x1.5).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from fullgraph.timing import cpu_threads_available, pinned_threads
 # (ViT-B/16 on the H200: presets x {fp32, bf16} estimated at about 360 s, edge's autotuning most of it).
 DEFAULT_BUDGET_S = {"cuda": 480.0, "cpu": 240.0}
 TIMING_SHARE = 0.15  # of the budget, kept for the final interleaved timing of every row
-MARGIN = 1.5  # on estimated compile seconds
+MARGIN = 1.5  # on compile seconds estimated from another mode's
+SEEN_MARGIN = 1.25  # on compile seconds estimated from the same preset or mode in another dtype or policy
 FIRST_GUESS_S = 5.0  # a default-mode compile's seconds before any was measured
 POLICY_FINALISTS = 2  # stage-1 rows that stage 2 tries op policies on
 EXTRA_MODES = ("max-autotune",)  # the modes no preset runs (GPU only)
@@ -74,16 +76,21 @@ def policy_variants(used: Sequence[str], device: torch.device) -> list[dict[str,
 
 
 class _Budget:
-    """Seconds left for compiling, and estimates of what a row will take."""
+    """Seconds left for compiling, and estimates of what a row will take: the same preset or mode's compile in
+    another dtype or op policy when one was seen (with a small margin), else the largest compile seen scaled by the
+    mode's relative cost (with a large one)."""
 
     def __init__(self, budget_s: float, start: float) -> None:
         self.deadline = start + budget_s
         self.reserve = budget_s * TIMING_SHARE
         self.per_unit: list[float] = []  # observed compile seconds / COST of the row's mode
+        self.seen: dict[str, float] = {}  # preset or mode -> the longest compile of it seen
 
     def estimate(self, c: cfg.Candidate) -> float:
         if c.mode == "eager":
             return 0.0
+        if c.mode in self.seen:
+            return self.seen[c.mode] * SEEN_MARGIN
         # The largest seen: a row served from Inductor's cache (another row compiled the same graphs) takes a
         # fraction of a second and says nothing about the next one.
         unit = max(self.per_unit) if self.per_unit else FIRST_GUESS_S
@@ -95,6 +102,7 @@ class _Budget:
     def observe(self, c: cfg.Candidate) -> None:
         if c.mode != "eager" and c.compile_s and c.error is None:
             self.per_unit.append(c.compile_s / cfg.COST.get(cfg.mode_of(c.mode), 1.0))
+            self.seen[c.mode] = max(self.seen.get(c.mode, 0.0), c.compile_s)
 
 
 def tune(
