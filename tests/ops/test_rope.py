@@ -23,6 +23,25 @@ def test_native_matches_float64(interleaved, layout, rotary_dim, dtype):
     assert_close(out, rope_ref(x, cos, sin, interleaved, LAYOUTS[layout]), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotary_dim", [40, 80])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_the_eager_inference_form_matches_the_differentiable_one(interleaved, layout, rotary_dim, dtype):
+    # Without autograd the native form writes into x's dtype half by half (out=); with it, the float32 form.
+    x = make_x(2, 3, 29, 80, layout, "cpu", dtype)
+    cos, sin = make_tables(29, rotary_dim, "cpu")
+    saved = x.clone(), cos.clone(), sin.clone()
+    fast = rope_native(x, cos, sin, interleaved, LAYOUTS[layout])
+    assert all(torch.equal(a, b) for a, b in zip((x, cos, sin), saved, strict=True))
+    slow = rope_native(x.clone().requires_grad_(), cos, sin, interleaved, LAYOUTS[layout]).detach()
+    assert fast.dtype == slow.dtype == dtype and fast.is_contiguous()
+    # float32 math rounded once either way; a fused multiply-add in one can move a float32 result across a rounding
+    # boundary of x's dtype: one unit in the last place at most
+    torch.testing.assert_close(fast, slow, rtol=torch.finfo(dtype).eps, atol=1e-6)
+    assert torch.equal(fast[..., rotary_dim:], x[..., rotary_dim:])
+
+
 def test_tables_follow_the_formula():
     cos, sin = rope_tables(77, 64, base=500.0)
     assert cos.shape == sin.shape == (77, 32) and cos.dtype == torch.float32

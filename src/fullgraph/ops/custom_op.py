@@ -94,6 +94,15 @@ def count_trace(op: str, impl: str) -> bool:
     return True
 
 
+def eager_inference(*tensors: torch.Tensor) -> bool:
+    """Whether a native form may write its result with `out=` (fewer launches and passes in eager mode): not under
+    torch.compile (the plain form is what Inductor fuses) and not when autograd records (`out=` is not
+    differentiable)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
 def run(op: str, native, kernel, x: torch.Tensor, *args):
     """A functional form's body: `native(x, *args)` or `kernel(x, *args)`, as op `op`'s policy decides."""
     return (kernel if dispatch(op, None, x.device, None, x.numel()) == "kernel" else native)(x, *args)

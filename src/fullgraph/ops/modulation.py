@@ -18,7 +18,7 @@ from fullgraph.kernels._library import call_kernel
 from fullgraph.kernels.modulate import gated_residual_fwd, groups, modulate_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_float, check_same_device, check_same_shape
-from fullgraph.ops.custom_op import CustomOp, run
+from fullgraph.ops.custom_op import CustomOp, eager_inference, run
 
 PARAM_FORMS = "[B, C] or [B, 1, C] with x [B, N, C]; [B, T, 1, C] with x [B, T, S, C] or x [B, N, C] (N % T == 0)"
 
@@ -82,17 +82,9 @@ def _grouped(x: torch.Tensor, *params: torch.Tensor):
     return x.reshape(n_groups, rows_per_group, c), *(p.reshape(n_groups, 1, c) for p in params)
 
 
-def _one_pass(*tensors: torch.Tensor) -> bool:
-    """Whether the native forms may write their result straight into x's dtype with `out=`: in eager inference.
-    `out=` is not differentiable, and under torch.compile the float32 form is what Inductor fuses into one pass."""
-    if torch.compiler.is_compiling():
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-
-
 def modulate_native(x, shift, scale):
     xg, shift_g, scale_g = _grouped(x, shift, scale)  # xg: [G, R, C]; shift_g, scale_g: [G, 1, C]
-    if _one_pass(x, shift, scale):
+    if eager_inference(x, shift, scale):
         # One pass over x: float32 math (1 + scale is float32, so addcmul computes in float32) rounded once into
         # x's dtype; three launches, as the plain formula takes, where an upcast result and a cast back take two
         # passes more.
@@ -105,7 +97,7 @@ def modulate_native(x, shift, scale):
 def gated_residual_native(x, h, gate):
     xg, gate_g = _grouped(x, gate)
     hg = h if xg is x else h.reshape(xg.shape)
-    if _one_pass(x, h, gate):  # one pass, float32 math rounded once (gate upcast: a [G, 1, C] copy)
+    if eager_inference(x, h, gate):  # one pass, float32 math rounded once (gate upcast: a [G, 1, C] copy)
         out = torch.empty(xg.shape, dtype=x.dtype, device=x.device)
         torch.addcmul(xg, gate_g.float(), hg, out=out)
         return out if xg is x else out.view(x.shape)

@@ -14,7 +14,7 @@ from fullgraph.kernels._library import call_kernel
 from fullgraph.kernels.rope import rope_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_float, check_same_device
-from fullgraph.ops.custom_op import CustomOp, run
+from fullgraph.ops.custom_op import CustomOp, eager_inference, run
 
 # layout -> the dim of x that indexes positions
 SEQ_DIM = {"bnsd": 2, "bsnd": 1}
@@ -69,6 +69,8 @@ def rope_native(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
     c, s = cos.float(), sin.float()  # [N, h]
     if seq_dim == 1:
         c, s = c[:, None], s[:, None]  # [N, 1, h]: broadcast over the heads that follow N
+    if eager_inference(x, cos, sin):
+        return _rope_into(x, x32, c, s, interleaved)
     if interleaved:
         xa, xb = x32[..., 0::2], x32[..., 1::2]
         rotated = torch.stack((xa * c - xb * s, xb * c + xa * s), dim=-1).flatten(-2)
@@ -76,6 +78,25 @@ def rope_native(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
         xa, xb = x32.chunk(2, dim=-1)
         rotated = torch.cat((xa * c - xb * s, xb * c + xa * s), dim=-1)
     return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+
+
+def _rope_into(x, xr, c, s, interleaved: bool):
+    """rope_native's math written into a new tensor of x's dtype, half by half (`addcmul out=`): four launches and
+    float32 temporaries of half the rotated channels, where the differentiable form takes nine and writes the whole
+    rotation in float32 before casting it back. Each half: (xa·c) − xb·s, and (xb·c) + xa·s, in float32, rounded
+    once."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rotary_dim = xr.shape[-1]
+    o = out[..., :rotary_dim]
+    if interleaved:
+        xa, xb, oa, ob = xr[..., 0::2], xr[..., 1::2], o[..., 0::2], o[..., 1::2]
+    else:
+        (xa, xb), (oa, ob) = xr.chunk(2, dim=-1), o.chunk(2, dim=-1)
+    torch.addcmul(xa * c, xb, s, value=-1, out=oa)
+    torch.addcmul(xb * c, xa, s, out=ob)
+    if rotary_dim < x.shape[-1]:
+        out[..., rotary_dim:] = x[..., rotary_dim:]
+    return out
 
 
 def rope_kernel(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
