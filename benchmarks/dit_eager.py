@@ -89,14 +89,15 @@ def main() -> int:
     plain.load_state_dict(ours.state_dict())
     ours, plain = ours.to(args.device, dtype), plain.to(args.device, dtype)
     print(f"{name} depth {depth} {dtype} on {args.device}: eager forward, ours (auto) against the plain twin")
-    print(f"{'tokens':>7} {'form':<6} {'aten ops':>9} {'kernels':>8} {'host us':>9} {'latency ms':>11} {'ours/plain':>11}")
+    head = f"{'tokens':>7} {'form':<6} {'aten ops':>9} {'kernels':>8} {'host us':>9} {'latency ms':>11}"
+    print(f"{head} {'ours/plain':>11}")
     for n in tokens:
         x = torch.randn(1, n, ours.cfg.dim, device=args.device, dtype=dtype)
         c = torch.randn(1, ours.cfg.dim, device=args.device, dtype=dtype)
         res = {}
         with torch.no_grad():
             for form, m in (("plain", plain), ("ours", ours)):
-                fn = lambda m=m: m(x, c)  # noqa: E731
+                fn = lambda m=m, x=x, c=c: m(x, c)  # noqa: E731
                 for _ in range(3):
                     fn()
                 with OpCount() as count:
