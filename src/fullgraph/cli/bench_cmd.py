@@ -47,6 +47,7 @@ SUITES = {
                 {"help": "vit_tiny, vit_small, vit_b16 or vit_l16 (default vit_b16 on GPU, a small one on CPU)"},
             ),
             ("--modes", {"help": "compile modes, e.g. default,reduce-overhead (default: both on GPU, default on CPU)"}),
+            ("--presets", {"help": "fullgraph.compile presets, e.g. perception,dev (default; dev on CPU) or none"}),
             ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
             ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, reference and ours compiled"}),
         ],

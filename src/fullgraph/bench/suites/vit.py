@@ -4,20 +4,29 @@ The reference is what users run: timm's `vit_base_patch16_224` when timm is inst
 otherwise our plain-PyTorch twin (`fullgraph.models.vit.PlainViT`: convolution patch embedding, `nn.LayerNorm`,
 SDPA). Ours is `fullgraph.models.vit.ViT` with the same weights and the tanh GELU (fc1 + GELU as one GEMM where
 `linear_gelu`'s compiled `auto` takes the kernel, as on the H200). Per batch size: the reference eager in fp32 and
-in the compute dtype, then each compile mode for the reference and for ours. Per variant: first call (compile
-time for the compiled ones), peak memory of one call, latency median with p20 / p80 (CUDA events or the CPU
-clock), throughput, and the relative (Frobenius) error of the logits against the reference's eager fp32 output.
-With --breakdown, where the GPU time goes (torch.profiler, kernel classes) for the reference and ours, compiled
-in the first mode.
+in the compute dtype, then each compile mode for the reference and for ours, then ours through each
+`fullgraph.compile` preset of --presets (a copy of ours in the compute dtype, `fullgraph.compile(copy, preset,
+dtype=...)`: what the library recommends, next to plain torch.compile). Per variant: first call (compile time for
+the compiled ones), peak memory of one call, latency median with p20 / p80 (CUDA events or the CPU clock),
+throughput, speed-up over the reference's eager fp32 ("x eager fp32"), and the relative (Frobenius) error of the
+logits against the reference's eager fp32 output. With --breakdown, where the GPU time goes (torch.profiler, kernel
+classes) for the reference and ours, compiled in the first mode, and for ours under the first preset. A progress
+line per variant goes to stderr (seconds since the start, the batch, what is compiled or timed).
 
-Defaults: on a GPU ViT-B/16 at batch 1, 4 and 256, bf16, modes default and reduce-overhead; on the CPU a small
-ViT (dim 192, 2 blocks, 64x64 images) at batch 2, fp32, default mode.
+Defaults: on a GPU ViT-B/16 at batch 1, 4 and 256, bf16, modes default and reduce-overhead, presets perception
+(reduce-overhead, CUDA graphs, fullgraph=True) and dev; on the CPU a small ViT (dim 192, 2 blocks, 64x64 images)
+at batch 2, fp32, default mode, preset dev.
 """
 
 from __future__ import annotations
 
+import copy
+import sys
+import time
+
 import torch
 
+import fullgraph.compile
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows, measurement_metrics
 from fullgraph.bench.suites import DTYPES, parse_sizes
@@ -29,6 +38,9 @@ from fullgraph.timing import benchmark, resolve_device
 GPU_BATCHES = (1, 4, 256)
 CPU_BATCHES = (2,)
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+GPU_PRESETS = ("perception", "dev")
+CPU_PRESETS = ("dev",)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # a preset in one of these replays CUDA graphs
 
 
 def parse_modes(spec: str | None, gpu: bool) -> tuple[str, ...]:
@@ -39,6 +51,25 @@ def parse_modes(spec: str | None, gpu: bool) -> tuple[str, ...]:
     if not gpu and any(m != "default" for m in modes):
         raise UsageError("--modes: reduce-overhead and max-autotune need a GPU; use --modes default on the CPU")
     return modes
+
+
+def parse_presets(spec: str | None, gpu: bool) -> tuple[str, ...]:
+    """--presets as `fullgraph.compile` preset names, in the order given; "none" for no preset rows."""
+    if spec is None:
+        return GPU_PRESETS if gpu else CPU_PRESETS
+    names = tuple(dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()))
+    if names == ("none",):
+        return ()
+    known = fullgraph.compile.PRESETS
+    bad = [p for p in names if p not in known]
+    if bad or not names:
+        raise UsageError(f"--presets: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(known)}, "
+                         "or none")  # fmt: skip
+    graphs = [p for p in names if known[p].mode in CUDA_GRAPH_MODES]
+    if graphs and not gpu:
+        raise UsageError(f"--presets: {', '.join(graphs)} replays CUDA graphs and needs a GPU; use --presets dev on "
+                         "the CPU")  # fmt: skip
+    return names
 
 
 def reference_model(name: str, cfg) -> tuple[str, torch.nn.Module]:
@@ -65,16 +96,22 @@ def build(args, gpu: bool):
 
 
 def run(args) -> tuple[list[Result], str]:
+    start = time.monotonic()
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
     dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
     batches = parse_sizes("--batches", args.batches, "sizes like 1,4,256") if args.batches else None
     batches = batches or (GPU_BATCHES if gpu else CPU_BATCHES)
     modes = parse_modes(getattr(args, "modes", None), gpu)
+    presets = parse_presets(getattr(args, "presets", None), gpu)
     cfg, label, ref, ours = build(args, gpu)
     ref32 = ref.to(device)
     low = {label: _copy_to(ref, device, dtype), "ours": ours.to(device, dtype)}
     short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+
+    def progress(batch: int, what: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f}s] vit b{batch}: {what}", file=sys.stderr, flush=True)
+
     rows: list[Result] = []
     table = []
     for batch in batches:
@@ -85,33 +122,49 @@ def run(args) -> tuple[list[Result], str]:
         params = {"config": args.config or "", "dim": cfg.dim, "depth": cfg.depth, "batch": batch, "dtype": short}
         with torch.no_grad():
             expected = ref32(x).float()
-        variants = {f"{label}, eager fp32": (ref32, x)}
+        baseline = f"{label}, eager fp32"
+        variants = {baseline: (ref32, x, None)}  # name -> (model, input, compile mode or None for eager)
         if dtype != torch.float32:
-            variants[f"{label}, eager {short}"] = (low[label], xd)
-        torch._dynamo.reset()
+            variants[f"{label}, eager {short}"] = (low[label], xd, None)
         for mode in modes:
             for who, model in low.items():
-                variants[f"{who}, compiled {mode} {short}"] = (torch.compile(model, mode=_mode(mode)), xd)
-        for name, (fn, inp) in variants.items():
+                variants[f"{who}, compiled {mode} {short}"] = (torch.compile(model, mode=_mode(mode)), xd, mode)
+        for preset in presets:  # each on its own copy: fullgraph.compile casts the model it is given in place
+            compiled = fullgraph.compile(copy.deepcopy(low["ours"]), preset, dtype=dtype)
+            preset_mode = fullgraph.compile.PRESETS[preset].mode or "default"  # None: a backend without modes
+            variants[f"ours, fullgraph.compile {preset} {short}"] = (compiled, xd, preset_mode)
+        profiled = {f"{who}, compiled {modes[0]} {short}" for who in low} if args.breakdown and gpu else set()
+        profiled |= {f"ours, fullgraph.compile {presets[0]} {short}"} if profiled and presets else set()
+        base_ms = None
+        for name, (fn, inp, mode) in variants.items():
+            if mode is not None:
+                # Each compiled variant starts from empty Dynamo caches, so its first call is its own compile: Dynamo
+                # would otherwise serve a copy of ours from another variant's entry when their settings are equal
+                # (dev and mode default), and the preset's row would time no compile at all.
+                torch._dynamo.reset()
+            progress(batch, f"{'timing' if mode is None else 'compiling'} {name}")
             with torch.no_grad():
                 m = benchmark(lambda fn=fn, inp=inp: fn(inp), device=device, warmup=3, reps=args.reps)
                 err = _rel_err(fn(inp), expected)
             med = m.timing.median_ms
-            metrics = {**measurement_metrics(m), "images_per_s": (batch / med * 1e3, "img/s"), "rel_err": (err, "")}
+            base_ms = med if name == baseline else base_ms  # the baseline is timed first
+            metrics = {**measurement_metrics(m), "images_per_s": (batch / med * 1e3, "img/s"), "rel_err": (err, ""),
+                       "speedup_vs_eager_fp32": (base_ms / med, "x")}  # fmt: skip
             rows += make_rows("vit", point, name, metrics, params)
             peak = "-" if m.peak_memory_bytes is None else f"{m.peak_memory_bytes / 2**20:.0f}"
             table.append([point, name, med, f"{m.timing.p20_ms:.3f}-{m.timing.p80_ms:.3f}", batch / med * 1e3,
-                          m.first_call_s, peak, err])  # fmt: skip
-        if args.breakdown and gpu:
-            for who in low:
-                fn, inp = variants[f"{who}, compiled {modes[0]} {short}"]
-                b = profile_breakdown(lambda fn=fn, inp=inp: fn(inp), device=device, label=who, dtype=dtype)
+                          f"{base_ms / med:.2f}", m.first_call_s, peak, err])  # fmt: skip
+            if name in profiled:  # now, while its caches (and CUDA graphs) are the ones just timed
+                progress(batch, f"profiling {name}")
+                with torch.no_grad():
+                    b = profile_breakdown(lambda fn=fn, inp=inp: fn(inp), device=device, label=name, dtype=dtype,
+                                          cuda_graphs=mode in CUDA_GRAPH_MODES)  # fmt: skip
                 classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
-                table.append([point, f"  {who}, compiled {modes[0]}: where the time goes", b.kernel_ms] + [None] * 5)
-                table.append([point, f"    {classes}"] + [None] * 6)
-                rows += make_rows("vit", point, f"{who}, compiled {modes[0]} {short}",
-                                  {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}, params)  # fmt: skip
-    headers = ["point", "variant", "ms", "p20-p80", "img/s", "first call s", "peak MiB", "rel err vs fp32"]
+                table.append([point, "  where the time goes", b.kernel_ms] + [None] * 6)
+                table.append([point, f"    {classes}"] + [None] * 7)
+                rows += make_rows("vit", point, name, {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}, params)
+    headers = ["point", "variant", "ms", "p20-p80", "img/s", "x eager fp32", "first call s", "peak MiB",
+               "rel err vs fp32"]  # fmt: skip
     return rows, f"reference: {label}\n" + format_table(headers, table)
 
 
@@ -121,8 +174,6 @@ def _mode(mode: str) -> str | None:
 
 def _copy_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """A second instance of `model` with its weights, on `device` in `dtype` (the fp32 one stays the reference)."""
-    import copy
-
     return copy.deepcopy(model).to(device, dtype)
 
 
