@@ -13,6 +13,7 @@ import pytest
 from fullgraph.cli.export_cmd import recorded_specs
 from fullgraph.cli.main import main
 from fullgraph.errors import UsageError
+from tests.cli import last_error
 
 MODEL = textwrap.dedent(
     """
@@ -56,13 +57,6 @@ def target(tmp_path, monkeypatch):
     path = tmp_path / "m.py"
     path.write_text(MODEL)
     return str(path)
-
-
-def last_error(capsys, command: str) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert not any("Traceback" in line for line in err), err
-    assert err[-1].startswith(f"fullgraph {command}: error: "), err
-    return err[-1]
 
 
 @pytest.mark.parametrize(

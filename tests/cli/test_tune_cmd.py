@@ -10,6 +10,7 @@ from fullgraph.cli.main import main
 from fullgraph.cli.tune_cmd import _save_cache, cache_path
 from fullgraph.compile.tuned import TuneResult
 from fullgraph.deploy import read_cache
+from tests.cli import last_error
 
 MODEL = textwrap.dedent(
     """
@@ -39,13 +40,6 @@ def target(tmp_path):
     path = tmp_path / "m.py"
     path.write_text(MODEL)
     return f"{path}:block"
-
-
-def last_error(capsys, command: str) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert not any("Traceback" in line for line in err), err
-    assert err[-1].startswith(f"fullgraph {command}: error: "), err
-    return err[-1]
 
 
 def test_tune_writes_a_result_that_export_reads(target, tmp_path, capsys):

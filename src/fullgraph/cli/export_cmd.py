@@ -14,8 +14,11 @@ Both print one line on stderr; `fullgraph --verbose` adds the traceback.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from fullgraph._paths import display_path
 from fullgraph.cli._args import add_target_args
@@ -61,6 +64,22 @@ def _failed(args, e: Exception) -> int:
     return 1
 
 
+def deploy_errors_exit_1(command: Callable[[Any], int]) -> Callable[[Any], int]:
+    """`command` with its DeployError (work that failed: a package refused or crashing its probe, a child process
+    that failed) as one line and exit 1, through `_failed`."""
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        from fullgraph.deploy import DeployError
+
+        try:
+            return command(args)
+        except DeployError as e:
+            return _failed(args, e)
+
+    return run
+
+
 def _dynamic(text: str | None):
     """--dynamic as fullgraph.compile reads it, restricted to declared dims (export has no automatic dynamic)."""
     from fullgraph.cli.compile_cmd import parse_dynamic
@@ -92,16 +111,8 @@ def _tuned(args, dtype, policies):
     return tuned_dtype, tuned_ops, tuned["preset"], tuned["mode"]
 
 
+@deploy_errors_exit_1
 def run_export(args) -> int:
-    from fullgraph.deploy import DeployError
-
-    try:
-        return _export(args)
-    except DeployError as e:
-        return _failed(args, e)
-
-
-def _export(args) -> int:
     import time
 
     import torch
@@ -224,16 +235,8 @@ def recorded_specs(signature: str | None, shown: str) -> list[str]:
     return specs
 
 
+@deploy_errors_exit_1
 def run_load(args) -> int:
-    from fullgraph.deploy import DeployError
-
-    try:
-        return _load(args)
-    except DeployError as e:
-        return _failed(args, e)
-
-
-def _load(args) -> int:
     import time
 
     import torch

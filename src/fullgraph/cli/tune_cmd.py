@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fullgraph.cli._args import add_target_args, check_search_flags
 from fullgraph.cli.doctor_cmd import DEMO, _listed
+from fullgraph.cli.export_cmd import deploy_errors_exit_1
 
 
 def add_parser(sub, name: str, help_text: str) -> None:
@@ -39,28 +40,18 @@ def add_parser(sub, name: str, help_text: str) -> None:
     p.set_defaults(run=run)
 
 
+@deploy_errors_exit_1  # the search ran; saving its cache artifacts failed: a runtime failure
 def run(args) -> int:
-    from fullgraph.cli.export_cmd import _failed
-    from fullgraph.deploy import DeployError
-
-    try:
-        return _tune(args)
-    except DeployError as e:  # the search ran; saving its cache artifacts failed: a runtime failure, exit 1
-        return _failed(args, e)
-
-
-def _tune(args) -> int:
     import torch
 
     from fullgraph._paths import display_path
     from fullgraph.cli.progress import progress_reporter
     from fullgraph.compile.presets import PRESETS
-    from fullgraph.diagnose.configs import build, check_modes
+    from fullgraph.diagnose.configs import check_modes
     from fullgraph.diagnose.demo import DEMO_INPUTS
     from fullgraph.diagnose.target import load_target, parse_dtype
     from fullgraph.diagnose.tune import tune
-    from fullgraph.env import first_line
-    from fullgraph.errors import FullgraphError, UsageError
+    from fullgraph.errors import UsageError
     from fullgraph.ops.policies import parse_spec
     from fullgraph.timing import resolve_device
 
@@ -84,11 +75,6 @@ def _tune(args) -> int:
         model, example = load_target(target, specs, device)
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"{target} is a function; tune compiles modules: wrap it in an nn.Module")
-        with torch.no_grad():
-            try:
-                example.call(build(model, "eager", torch.float32))
-            except Exception as e:
-                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
         result = tune(model, example.args, example.kwargs, target=target, budget=args.budget, presets=presets,
                       modes=modes, dtypes=dtypes, ops=variants, reps=args.reps, threads=args.threads,
                       progress=say)  # fmt: skip
@@ -150,14 +136,15 @@ def cache_child(request: str) -> None:
 
 
 def _check_op_names(variants) -> None:
-    import fullgraph.ops  # noqa: F401 - defines every op, so KNOWN_OPS is complete
+    import fullgraph.ops  # noqa: F401 - defines every op, so the policies know them all
     from fullgraph.errors import UsageError
-    from fullgraph.ops.policies import KNOWN_OPS
+    from fullgraph.ops.policies import _check_ops
 
     for v in variants:
-        unknown = sorted(set(v) - KNOWN_OPS - {"all"})
-        if unknown:
-            raise UsageError(f"--ops: unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_OPS))}")
+        try:
+            _check_ops(v)
+        except UsageError as e:
+            raise UsageError(f"--ops: {e}") from None
 
 
 def print_result(result) -> None:

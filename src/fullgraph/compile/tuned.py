@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from fullgraph._files import write_atomic
 from fullgraph.errors import UsageError
 
 FORMAT = "fullgraph-tune/1"
@@ -84,13 +85,8 @@ class TuneResult:
 
     def save(self, path: str | os.PathLike) -> str:
         """Write the JSON file (whole or not at all); returns its path."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-        return path
+        write_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        return os.fspath(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TuneResult:

@@ -103,7 +103,7 @@ def export_regional(
     inputs = _block_inputs(model.eval(), group, args)
     block = model.get_submodule(group.paths[0])
     names, state = _state(block)
-    params = [n.replace("self", "_self") for n in _forward_params(block)][: len(inputs)]
+    params = _forward_params(block)[: len(inputs)]
     wrapper = _Stateless(block, names, len(inputs))
     spec = {p: {int(d): r for d, r in dims.items()} for p, dims in (dynamic or {}).items()}
     unknown = sorted(set(spec) - set(params))

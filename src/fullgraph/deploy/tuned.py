@@ -19,7 +19,7 @@ from fullgraph.errors import UsageError
 
 def read_tuned(result: TuneResult | Mapping[str, Any] | str | os.PathLike) -> TuneResult:
     """`result` as a TuneResult: one already, its JSON dict, or the path of `fullgraph tune`'s JSON file."""
-    tuned = as_tune_result(os.fspath(result) if isinstance(result, os.PathLike) else result)
+    tuned = as_tune_result(result)
     if tuned is None and isinstance(result, str):
         tuned = TuneResult.load(result)  # a path without .json: its own error if it is not one
     if tuned is None:

@@ -19,6 +19,7 @@ cost (`configs.COST`, x1.5).
 from __future__ import annotations
 
 import contextlib
+import statistics
 import sys
 import time
 from collections import Counter
@@ -37,7 +38,7 @@ from fullgraph.diagnose import configs as cfg
 from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.inputs import Example
 from fullgraph.diagnose.target import unwrap_compiled
-from fullgraph.errors import UsageError
+from fullgraph.errors import FullgraphError, UsageError
 from fullgraph.ops import counters
 from fullgraph.ops.custom_op import kernel_runs_on
 from fullgraph.timing import cpu_threads_available, pinned_threads
@@ -62,7 +63,7 @@ def ops_in(model: nn.Module, example: Example) -> list[str]:
     before = Counter(counters)
     with torch.no_grad():
         example.call(model)
-    return sorted({op for (op, where, _), n in counters.items() if where == "eager" and n > before[(op, where, _)]})
+    return sorted({key[0] for key, n in counters.items() if key[1] == "eager" and n > before[key]})
 
 
 def policy_variants(used: Sequence[str], device: torch.device) -> list[dict[str, str]]:
@@ -158,7 +159,10 @@ def tune(
         ref_model = cfg.build(model, "eager", torch.float32)
         x32 = example.cast(torch.float32)
         with torch.no_grad():
-            ref = x32.call(ref_model)
+            try:
+                ref = x32.call(ref_model)
+            except Exception as e:  # the user's bug to fix first, in one line
+                raise FullgraphError(f"the model fails in eager mode: {env.first_line(e, 300)}") from e
         used = ops_in(ref_model, x32)
         variants = [dict(v) for v in ops] if ops is not None else policy_variants(used, device)
         if used:
@@ -211,7 +215,7 @@ def _fastest(rows: Sequence[cfg.Candidate], device: torch.device, reps: int, n: 
     ok = [c for c in rows if c.fn is not None and c.error is None and c.err is not None
           and c.err <= cfg.TOLERANCE.get(c.dtype, 1e-3)]  # fmt: skip
     cfg.time_rounds(ok, device, max(reps // 2, 2), rounds=2)
-    ranked = sorted(ok, key=lambda c: sorted(c.samples)[len(c.samples) // 2] if c.samples else float("inf"))
+    ranked = sorted(ok, key=lambda c: statistics.median(c.samples) if c.samples else float("inf"))
     for c in ok:  # the final timing starts afresh
         c.samples, c.round_medians = [], []
     return ranked[:n]

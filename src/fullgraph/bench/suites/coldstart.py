@@ -295,6 +295,43 @@ def _build(plan: Plan) -> nn.Module:
     return getattr(importlib.import_module(module), name)(**plan.build_kwargs)
 
 
+@dataclass(frozen=True)
+class FileRoute:
+    """A route that loads a file a setup process made: the file (name in the work folder, the children's flag for
+    it), the setup (its child's name and action, its Inductor folder, its row, what it does, what fails), and the
+    timed process (its action, what it does); the timed process gets an empty folder `inductor-<route>`."""
+
+    file: str
+    flag: str
+    setup_child: str
+    setup_action: str
+    setup_inductor: str
+    setup_row: str
+    setup_says: str
+    setup_failed: str
+    action: str
+    says: str
+
+
+FILE_ROUTES = {  # in ROUTES order
+    "artifacts": FileRoute(
+        "model.fgcache", "cache", "save", "save-cache", "inductor-cold", "setup: save artifacts",
+        "compile and save the cache artifacts (not timed as a cold start)", "saving the artifacts",
+        "load-cache", "a fresh process loads them into an empty cache folder, then compiles",
+    ),
+    "package": FileRoute(
+        "model.pt2", "package", "export", "export", "inductor-export", "setup: export package",
+        "export an AOTInductor package and probe it once (build time reported apart)", "the export",
+        "load-package", "a fresh process loads the package and calls it",
+    ),
+    "precompiled": FileRoute(
+        "model.fgpre", "precompiled", "precompile", "save-precompiled", "inductor-precompile", "setup: precompile",
+        "Dynamo's ahead-of-time compile saved to a file (not timed as a cold start)", "precompiling",
+        "load-precompiled", "a fresh process loads it into an empty cache folder and calls the model through it",
+    ),
+}  # fmt: skip
+
+
 def run_routes(plan: Plan, work: str, say: Callable[[str], None]) -> dict[str, Child]:
     """Every requested route in order, with its setup steps (named "setup: ..."); a failed setup fails its route."""
     done: dict[str, Child] = {}
@@ -304,37 +341,17 @@ def run_routes(plan: Plan, work: str, say: Callable[[str], None]) -> dict[str, C
     if "warm" in plan.routes:
         say("warm: a fresh process compiles on the cache folder cold filled")
         done["warm"] = run_child("warm", "compile", plan, work, "inductor-cold")
-    if "artifacts" in plan.routes:
-        path = os.path.join(work, "model.fgcache")
-        say("artifacts, setup: compile and save the cache artifacts (not timed as a cold start)")
-        setup = done["setup: save artifacts"] = run_child("save", "save-cache", plan, work, "inductor-cold", cache=path)
-        say("artifacts: a fresh process loads them into an empty cache folder, then compiles")
-        done["artifacts"] = (
-            run_child("artifacts", "load-cache", plan, work, "inductor-artifacts", cache=path)
+    for route, r in FILE_ROUTES.items():
+        if route not in plan.routes:
+            continue
+        files = {r.flag: os.path.join(work, r.file)}
+        say(f"{route}, setup: {r.setup_says}")
+        setup = done[r.setup_row] = run_child(r.setup_child, r.setup_action, plan, work, r.setup_inductor, **files)
+        say(f"{route}: {r.says}")
+        done[route] = (
+            run_child(route, r.action, plan, work, f"inductor-{route}", **files)
             if setup.ok
-            else Child("artifacts", False, f"not run: saving the artifacts failed ({setup.error})", None)
-        )
-    if "package" in plan.routes:
-        path = os.path.join(work, "model.pt2")
-        say("package, setup: export an AOTInductor package and probe it once (build time reported apart)")
-        setup = done["setup: export package"] = run_child("export", "export", plan, work, "inductor-export",
-                                                          package=path)  # fmt: skip
-        say("package: a fresh process loads the package and calls it")
-        done["package"] = (
-            run_child("package", "load-package", plan, work, "inductor-package", package=path)
-            if setup.ok
-            else Child("package", False, f"not run: the export failed ({setup.error})", None)
-        )
-    if "precompiled" in plan.routes:
-        path = os.path.join(work, "model.fgpre")
-        say("precompiled, setup: Dynamo's ahead-of-time compile saved to a file (not timed as a cold start)")
-        setup = done["setup: precompile"] = run_child("precompile", "save-precompiled", plan, work,
-                                                      "inductor-precompile", precompiled=path)  # fmt: skip
-        say("precompiled: a fresh process loads it into an empty cache folder and calls the model through it")
-        done["precompiled"] = (
-            run_child("precompiled", "load-precompiled", plan, work, "inductor-precompiled", precompiled=path)
-            if setup.ok
-            else Child("precompiled", False, f"not run: precompiling failed ({setup.error})", None)
+            else Child(route, False, f"not run: {r.setup_failed} failed ({setup.error})", None)
         )
     return done
 
