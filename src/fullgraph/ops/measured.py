@@ -15,6 +15,7 @@ benchmark) shows a win; entries here are op -> "kernel" with the measurement tha
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 # GPU name (torch.cuda.get_device_name) -> {op: "native" | "kernel"}, each entry with its in-graph measurement on
 # that GPU; a GPU not listed runs every op's native form under torch.compile.
@@ -62,9 +63,19 @@ def compiled_choice(op: str, device: torch.device | None = None, numel: int | No
     name = gpu_name(device.index)
     choice = COMPILED_CHOICE.get(name, {}).get(op, "native")
     floor = COMPILED_KERNEL_MIN_NUMEL.get(name, {}).get(op)
-    if choice == "kernel" and floor is not None and (numel is None or numel < floor):
+    if choice == "kernel" and floor is not None and not _known_at_least(numel, floor):
         return "native"
     return choice
+
+
+def _known_at_least(numel: int | torch.SymInt | None, floor: int) -> bool:
+    """Is `numel` known to be at least `floor` for every size the graph serves? A symbolic size (a dynamic dim) is
+    decided without a guard (`statically_known_true`, which Dynamo evaluates against the dim's range), since a guard
+    would specialize the dim: a ConstraintViolationError under a declared range, a recompile per size otherwise.
+    When the range does not settle it, the answer is no and the op takes the native form, the safe choice."""
+    if numel is None:
+        return False
+    return bool(statically_known_true(numel >= floor))
 
 
 _names: dict[int | None, str] = {}
