@@ -10,7 +10,9 @@ import linecache
 import os
 import re
 import shutil
+import sys
 import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +22,7 @@ from torch.utils import _pytree as pytree
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
 from fullgraph.compile.options import resolve
+from fullgraph.deploy import package
 from fullgraph.deploy._common import DeployError, environment, input_signature
 from fullgraph.deploy.package import META_PREFIX
 from fullgraph.env import first_line
@@ -70,6 +73,35 @@ def aot_options(preset: str | None, mode: str | None = None) -> dict[str, Any]:
     return {k: v for k, v in resolve(preset or "dev", mode=mode).options.items() if k not in AOT_DROPPED}
 
 
+_LIBS = "aot_inductor.custom_op_libs"
+
+
+def link_libstdcxx(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Inductor options that link a package's library against libstdc++.so explicitly (`-lstdc++`), on Linux where
+    this torch has the setting: the shared library then binds to the process's libstdc++ even when the C++
+    compiler adds `-static-libstdc++` (as the H200 image's does), whose private copy would clash with torch's
+    (`fullgraph.deploy._elf`). With the plain g++ the link already has it: nothing changes."""
+    if not sys.platform.startswith("linux") or not hasattr(torch._inductor.config.aot_inductor, _LIBS.split(".")[1]):
+        return {}
+    given = options.get(_LIBS, torch._inductor.config.aot_inductor.custom_op_libs) or []
+    return {_LIBS: [*given, "stdc++"] if "stdc++" not in given else list(given)}
+
+
+def _check_built(built: str, path: str) -> None:
+    """Refuse a package whose library still carries libstdc++ (a torch without the setting, or a compiler that
+    ignores it): it would crash wherever it is loaded."""
+    with zipfile.ZipFile(built) as z:
+        names = [n for n in z.namelist() if n.endswith(".so")]
+        libraries = {n: package._library_facts(z, n) for n in names}
+    cxx = torch._inductor.config.cpp.cxx[-1]
+    package.check_libraries(
+        display_path(path),
+        libraries,
+        fix=f"Not written. This torch or C++ compiler ({cxx}) ignored the request to link libstdc++.so "
+        f"({_LIBS}=['stdc++']); point CXX at a C++ compiler that does not add -static-libstdc++",
+    )
+
+
 def export(
     model: torch.nn.Module,
     example_inputs: Sequence[Any],
@@ -113,7 +145,11 @@ def export(
         "dynamic": json.dumps(declared),
         "preset": " ".join(x for x in (preset, mode) if x),
     }
-    configs = {**options, "aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()}}
+    configs = {
+        **options,
+        **link_libstdcxx(options),
+        "aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()},
+    }
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     # Built in a private folder beside `path` under its final name (the archive's inner folder is named after
@@ -123,6 +159,7 @@ def export(
         built = torch._inductor.aoti_compile_and_package(
             program, package_path=os.path.join(work, os.path.basename(path)), inductor_configs=configs
         )
+        _check_built(built, path)
         os.chmod(built, 0o644)
         os.replace(built, path)
     finally:

@@ -6,8 +6,10 @@ process down:
 1. the file is checked before anything in it runs: owned by this user or root and writable by no one else (a
    package is a shared library: loading it runs its code), a PT2 zip with AOTInductor code in it, built for
    this machine, this device (CPU, or a GPU of this compute capability) and, when `export` built it, this torch;
-2. a loader can still crash in native code (torch 2.11 on the H200 image: a segmentation fault in
-   `aoti_load_package`), so the package is first loaded in a child process; its verdict is kept per file
+   its libraries must not carry their own libstdc++ (`fullgraph.deploy._elf`: the cause of the H200 image's
+   segmentation fault in `aoti_load_package`);
+2. a loader can still crash in native code for causes not checked here, so the package is first loaded in a
+   child process; its verdict is kept per file
    content (sha256), torch and device in `<fullgraph cache dir>/aoti_probes.json`, so the probe runs once per file;
 3. only a package whose probe passed is loaded here.
 
@@ -26,6 +28,7 @@ import hashlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -39,6 +42,7 @@ from fullgraph import env
 from fullgraph._files import write_atomic
 from fullgraph._paths import display_path
 from fullgraph.compile.graphs import GraphedCall
+from fullgraph.deploy import _elf
 from fullgraph.deploy._common import DeployError, cache_dir, environment, open_trusted
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
@@ -88,14 +92,45 @@ def _read_package(path: str | os.PathLike) -> tuple[str, dict[str, str], tuple[s
                     raise ValueError(f"metadata is a {type(meta).__name__}, not an object")
                 externs = [n for n in code if n.endswith(".json") and not n.endswith("_metadata.json")]
                 ops = tuple(sorted({op for n in externs for op in _extern_ops(json.loads(z.read(n)))}))
-        except (zipfile.BadZipFile, EOFError, ValueError, KeyError, OSError) as e:  # truncated, damaged, bad JSON
+                libraries = {n: _library_facts(z, n) for n in code if n.endswith(".so")}
+        except (zipfile.BadZipFile, EOFError, ValueError, KeyError, OSError, struct.error) as e:  # damaged, bad JSON
             raise DeployError(
                 f"{shown} is not a readable package ({first_line(e)}): damaged or truncated; {_REBUILD}"
             ) from None
         f.seek(0)
         sha = _sha256(f)
     _check_target(shown, meta)
+    check_libraries(shown, libraries)
     return sha, meta, ops
+
+
+def _library_facts(z: zipfile.ZipFile, name: str) -> _elf.ElfFacts | None:
+    """What a library in the package needs and carries, read from the zip member without extracting it; None for
+    a file that is not a 64-bit ELF library (another platform's: `_check_target` names that)."""
+    with z.open(name) as member:
+        try:
+            return _elf.facts(_elf.Image.of_file(member))
+        except ValueError:
+            return None
+
+
+def check_libraries(shown: str, libraries: Mapping[str, _elf.ElfFacts | None], fix: str | None = None) -> None:
+    """Refuse a package whose compiled code carries its own libstdc++ (`_elf`'s docstring: it crashes or fails
+    when the model is created, in any process that has torch's libstdc++.so loaded). `fix`: what to do instead."""
+    for name, found in libraries.items():
+        if found is not None and found.static_libstdcxx:
+            built_by = "; ".join(found.comment) or "an unnamed compiler"
+            raise DeployError(
+                f"{shown}: {os.path.basename(name)} has libstdc++ linked in statically (built by {built_by}; it "
+                "needs no libstdc++.so), and its std::locale clashes with the one torch loaded: creating the model "
+                f"would crash (SIGSEGV) or fail with std::bad_cast. {fix or _STATIC_FIX}"
+            )
+
+
+_STATIC_FIX = (
+    "Export it again with fullgraph.deploy.export, which links libstdc++ dynamically "
+    "(aot_inductor.custom_op_libs=['stdc++']) whatever the C++ compiler adds"
+)
 
 
 def _extern_ops(extern: Any) -> list[str]:
