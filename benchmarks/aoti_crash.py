@@ -39,7 +39,6 @@ import contextlib
 import functools
 import itertools
 import json
-import mmap
 import os
 import re
 import select
@@ -51,13 +50,17 @@ import sys
 import tempfile
 import time
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
+
+from fullgraph.deploy import _elf
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIMS = (64, 256, 256, 10)
 BATCH = 8
 VARIANTS = {  # name -> Inductor configs; a config the installed torch lacks is skipped with a note
     "base": {},
+    "linked": {"aot_inductor.custom_op_libs": ["stdc++"]},  # the fix: wrapper.so asks for libstdc++.so (_elf)
     "cpp_only": {"aot_inductor.package_cpp_only": True},
     "embed_kernel_binary": {"aot_inductor.embed_kernel_binary": True},
     "embed_cubin": {"aot_inductor.embed_cubin": True},
@@ -464,67 +467,15 @@ CHILDREN = {
 
 # ==== ELF: the compiler that built a library, what it needs, and symbol names for raw offsets =====================
 
-_SECTION = struct.Struct("<IIQQQQIIQQ")
-_SYMBOL = struct.Struct("<IBBHQQ")
-_DYN = struct.Struct("<qQ")
-
-
-def _sections(data) -> list[dict]:
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError("not a 64-bit little-endian ELF file")
-    (shoff,) = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    heads = []
-    for i in range(shnum):
-        name, kind, _, addr, offset, size, link, _, _, _ = _SECTION.unpack_from(data, shoff + i * shentsize)
-        heads.append({"name_at": name, "type": kind, "addr": addr, "offset": offset, "size": size, "link": link})
-    names = heads[shstrndx]
-    for h in heads:
-        start = names["offset"] + h["name_at"]
-        h["name"] = bytes(data[start : data.find(b"\0", start)]).decode(errors="replace")
-    return heads
-
-
-def _string(data, table: dict, at: int) -> str:
-    start = table["offset"] + at
-    return bytes(data[start : data.find(b"\0", start)]).decode(errors="replace")
-
-
-def elf_facts(path: str) -> dict:
-    """The .comment section (compiler versions), DT_NEEDED, RPATH and RUNPATH of an ELF file."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        heads = _sections(data)
-        facts: dict = {"comment": [], "needed": [], "rpath": None, "runpath": None}
-        for h in heads:
-            if h["name"] == ".comment":
-                raw = bytes(data[h["offset"] : h["offset"] + h["size"]])
-                facts["comment"] = sorted({s.decode(errors="replace") for s in raw.split(b"\0") if s.strip()})
-            if h["name"] == ".dynamic":
-                strings = heads[h["link"]]
-                for off in range(h["offset"], h["offset"] + h["size"], _DYN.size):
-                    tag, value = _DYN.unpack_from(data, off)
-                    if tag == 0:
-                        break
-                    if tag == 1:
-                        facts["needed"].append(_string(data, strings, value))
-                    elif tag in (15, 29):
-                        facts["rpath" if tag == 15 else "runpath"] = _string(data, strings, value)
-    return facts
-
 
 @functools.lru_cache(maxsize=64)
 def _functions(path: str) -> tuple[list[int], list[tuple[int, int, str]]]:
     """Function symbols of an ELF file (.symtab, else .dynsym), sorted by address."""
-    found = []
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        heads = _sections(data)
-        tables = [h for h in heads if h["type"] == 2] or [h for h in heads if h["type"] == 11]
-        for h in tables:
-            strings = heads[h["link"]]
-            for off in range(h["offset"], h["offset"] + h["size"], _SYMBOL.size):
-                name, info, _, shndx, value, size = _SYMBOL.unpack_from(data, off)
-                if info & 0xF == 2 and value and shndx:
-                    found.append((value, size, _string(data, strings, name)))
+    with open(path, "rb") as f:
+        image = _elf.Image.of_file(f)
+        kind = _elf.SHT_SYMTAB if any(h["type"] == _elf.SHT_SYMTAB for h in image.sections) else _elf.SHT_DYNSYM
+        found = [(value, size, name) for name, info, shndx, value, size in image.symbols(kind)
+                 if info & 0xF == 2 and value and shndx]  # fmt: skip
     found.sort()
     return [v for v, _, _ in found], found
 
@@ -897,6 +848,9 @@ def run_experiments(r: Runner, built: dict[str, dict]) -> None:
     p = ["--pkg", pkg]
     s = ["--so", so or "", "--cubin-dir", cubins]
     r.experiment("a.fresh", "aoti_load_package, fresh process", r.child_argv("load", *p))
+    if "linked" in built:  # the fix (fullgraph.deploy.export builds this way): right after the crash it mends
+        what = "fresh load of the package linked to libstdc++.so (-lstdc++)"
+        r.experiment("a[linked]", what, r.child_argv("load", "--pkg", built["linked"]["pkg"]))
     r.experiment("e.dlopen", "ctypes dlopen of wrapper.so after import torch", r.child_argv("dlopen", *s))
     r.experiment("e.create", "dlopen + ModelContainerCreateWithDevice (C ABI)", r.child_argv("dlopen", *s, "--create"))
     r.experiment("d.metadata", "load_metadata_from_package alone", r.child_argv("metadata", *p, "--model-name", name))
@@ -972,7 +926,7 @@ def run_experiments(r: Runner, built: dict[str, dict]) -> None:
         if row:
             attach_ld_debug(r, row)
     for variant, parts in built.items():
-        if variant in ("base", "cpp_only"):
+        if variant in ("base", "linked", "cpp_only"):
             continue
         extra = ["--load-constants"] if "package_constants_in_so" in json.dumps(VARIANTS[variant]) else []
         what = f"fresh load of the {variant} package" + (", weights by load_constants" if extra else "")
@@ -1079,17 +1033,35 @@ def elf_rows(r: Runner, built: dict[str, dict]) -> None:
     versions = r.facts.get("versions") or {}
     if not base or not base.get("so") or not r.wanted("i.elf"):
         return
-    facts = {"wrapper.so": elf_facts(base["so"])}
+    facts = {"wrapper.so": asdict(_elf.file_facts(base["so"]))}
     torch_cpu = Path(versions.get("torch_lib", "")) / "libtorch_cpu.so"
     if torch_cpu.exists():
-        facts["libtorch_cpu.so"] = {"comment": elf_facts(str(torch_cpu))["comment"]}
+        facts["libtorch_cpu.so"] = {"comment": _elf.file_facts(torch_cpu).comment}
+    for variant, parts in built.items():
+        if parts.get("so"):
+            facts[f"{variant}: static libstdc++"] = _elf.file_facts(parts["so"]).static_libstdcxx
+    facts["compiler"] = compiler_text()
     r.facts["elf"] = facts
     w = facts["wrapper.so"]
     built_by = "; ".join(w["comment"]) or "no .comment"
     torch_by = "; ".join(facts.get("libtorch_cpu.so", {}).get("comment", [])) or "?"
-    runpath = w["runpath"] or w["rpath"] or "none"
-    last = f"wrapper.so: {built_by} | libtorch_cpu.so: {torch_by[:60]} | NEEDED {w['needed']} | RUNPATH {runpath}"
-    r.add("i.elf", "compilers (.comment), NEEDED, RUNPATH", "0", None, last, facts=facts)
+    static = "libstdc++ LINKED IN (static)" if w["carries_libstdcxx"] and "libstdc++.so.6" not in w["needed"] else ""
+    last = f"wrapper.so: {built_by} | {static} | libtorch_cpu.so: {torch_by[:60]} | NEEDED {w['needed']}"
+    r.add("i.elf", "compilers (.comment), NEEDED, libstdc++ inside?", "0", None, last, facts=facts)
+
+
+def compiler_text() -> dict:
+    """The C++ compiler Inductor runs, and its text when it is a script (a wrapper that adds flags)."""
+    import torch
+
+    name = torch._inductor.config.cpp.cxx[-1]
+    path = shutil.which(name) or name
+    found: dict = {"cxx": name, "path": path, "realpath": os.path.realpath(path)}
+    with contextlib.suppress(OSError):
+        head = Path(path).read_bytes()[:4096]
+        if head.startswith(b"#!"):
+            found["script"] = head.decode(errors="replace").splitlines()[:40]
+    return found
 
 
 def verdict(r: Runner) -> list[str]:
@@ -1118,6 +1090,11 @@ def verdict(r: Runner) -> list[str]:
             lines.append("torch's container runner on the extracted .so works: look at package extraction/metadata")
         if ok("d.metadata") is False:
             lines.append("reading the package metadata alone crashes (zip reader)")
+        if ok("a[linked]"):
+            lines.append(
+                "the package linked to libstdc++.so loads: wrapper.so's static libstdc++ is the cause "
+                "(fullgraph.deploy.export links it so; see fullgraph/deploy/_elf.py)"
+            )
         loads = [n for n in status if n.startswith(("a[", "h.", "bt.")) and ok(n)]
         if loads:
             lines.append(f"these load: {', '.join(loads)}")
