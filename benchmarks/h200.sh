@@ -18,6 +18,12 @@ for step in $steps; do
       $py -m fullgraph env | tee "$OUT/env.txt"
       $py -m fullgraph env --json > "$OUT/env.json" && $py -c "import json,sys; json.load(open(sys.argv[1])); print('env.json parses')" "$OUT/env.json"
       nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$OUT/env.txt"
+      # what cold starts depend on: bytecode caching, compiler settings, the C++ compiler Inductor runs
+      { env | grep -i -E '^(python|torch|triton|cuda_|cxx|cc)' | sort
+        $py -c "import fullgraph.deploy.coldstart as c; print('bytecode:', c.bytecode_cache())"
+        cxx=$(command -v "${CXX:-g++}"); echo "C++ compiler: $cxx -> $(readlink -f "$cxx")"
+        if [ "$(head -c 2 "$cxx")" = "#!" ]; then echo "(a script:)"; head -20 "$cxx"; fi
+      } 2>&1 | tee -a "$OUT/env.txt" | tail -30
       ;;
     tests)
       $py -m pytest -p no:cacheprovider -q -ra --timeout=300 ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -25

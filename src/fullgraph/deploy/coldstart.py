@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -195,6 +196,17 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms)
 
 
+def bytecode_cache() -> dict[str, Any]:
+    """Whether this Python can reuse compiled bytecode: when torch has no .pyc (and none is written), every new
+    process compiles each module it imports from source, and import and load times include that."""
+    pyc = importlib.util.cache_from_source(torch.__file__)
+    return {
+        "dont_write": bool(sys.flags.dont_write_bytecode or sys.dont_write_bytecode),
+        "prefix": sys.pycache_prefix,
+        "torch_pyc": os.path.exists(pyc),
+    }
+
+
 def main(argv: Sequence[str] | None = None, clock: Sequence[float] | None = None) -> int:
     """Run one action and print its JSON line; 0 when it worked, 1 when it failed (the line says why).
 
@@ -202,6 +214,7 @@ def main(argv: Sequence[str] | None = None, clock: Sequence[float] | None = None
     deploy layers, taken by a bootstrap before this module was imported; without it the import times are null."""
     args = _parser().parse_args(argv)
     report: dict[str, Any] = {"action": args.action, "ok": False, "error": None, "pid": os.getpid()}
+    report["bytecode"] = bytecode_cache()
     if clock is not None:
         report["import_torch_s"], report["import_fullgraph_s"] = clock[1] - clock[0], clock[2] - clock[1]
     else:

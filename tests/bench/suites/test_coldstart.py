@@ -1,4 +1,5 @@
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -186,3 +187,25 @@ def test_rel_err_needs_outputs_of_the_reference_shapes():
     ref = [torch.randn(3, 5)]
     assert suite.rel_err(None, ref) is None and suite.rel_err([torch.randn(5, 3)], ref) is None
     assert suite.rel_err([ref[0] * 1.01], ref) == pytest.approx(0.01, rel=1e-4)
+
+
+def test_a_missing_bytecode_cache_is_noted_under_the_table():
+    def child(torch_pyc, dont_write=False):
+        bytecode = {"dont_write": dont_write, "prefix": None, "torch_pyc": torch_pyc}
+        return suite.Child("cold", True, None, 1.0, {"bytecode": bytecode})
+
+    assert suite._bytecode_note({"cold": child(True, dont_write=True)}) == []  # .pyc there: reused, nothing to say
+    assert suite._bytecode_note({"cold": suite.Child("cold", False, "died", None)}) == []  # nothing reported
+    (note,) = suite._bytecode_note({"cold": child(True), "warm": child(False, dont_write=True)})
+    assert "no .pyc for torch and writes none (PYTHONDONTWRITEBYTECODE)" in note
+    (note,) = suite._bytecode_note({"cold": child(False)})
+    assert "no .pyc for torch:" in note and "writes none" not in note
+
+
+def test_the_child_reports_whether_torch_has_bytecode():
+    from fullgraph.deploy import coldstart
+
+    found = coldstart.bytecode_cache()
+    pyc = Path(importlib.util.cache_from_source(torch.__file__))
+    assert found["torch_pyc"] == pyc.exists()
+    assert found["dont_write"] == bool(sys.flags.dont_write_bytecode or sys.dont_write_bytecode)

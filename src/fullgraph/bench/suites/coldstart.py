@@ -410,9 +410,21 @@ def report(plan: Plan, done: dict[str, Child], expected: list[torch.Tensor]) -> 
             notes.append(f"{name}: failed: {child.error}")
         error = {"error": child.error} if child.error else {}
         rows += make_rows("coldstart", plan.point, name, metrics, {**params, **error})
+    notes += _bytecode_note(done)
     headers = ["route", *(h for _, h in PHASES), "process s", "FX cache hit/miss", "rel err vs fp32", "status"]
     about = f"{plan.point}: {plan.spec.about}; each route a fresh process"
     return rows, "\n".join([about, format_table(headers, table), *notes])
+
+
+def _bytecode_note(done: dict[str, Child]) -> list[str]:
+    """A note when the processes found no bytecode cache for torch: their import and load times then include
+    compiling every module they import from source, which an installation with .pyc files does not pay."""
+    seen = [c.report.get("bytecode") for c in done.values() if c.report.get("bytecode")]
+    if not seen or all(b["torch_pyc"] for b in seen):
+        return []
+    why = " and writes none (PYTHONDONTWRITEBYTECODE)" if any(b["dont_write"] for b in seen) else ""
+    return [f"note: this Python found no .pyc for torch{why}: each process compiled the modules it imported from "
+            "source, inside its import and load times"]  # fmt: skip
 
 
 def _setup_note(name: str, child: Child) -> str:
