@@ -139,6 +139,6 @@ def test_export_checks_the_package_and_load_runs_it_in_a_fresh_process(target, t
     assert "inputs 2x5x32:float32, 2x32:float32 (shaped as exported" in out and "output 2x5x32:float32@cpu" in out
     assert main(["load", str(package), "--input", "3x5x32", "--input", "2x32"]) == 2
     msg = last_error(capsys, "load")
-    assert "do not fit" in msg and "input 0: unmatched dim value at 0, expected: 2, but got: 3" in msg
+    assert "do not fit" in msg and "input_handles[0]: unmatched dim value at 0, expected: 2, but got: 3" in msg
     assert main(["load", str(package), "--input", "2x65x32", "--input", "2x32"]) == 2
     assert "expected to be <= 64, but got: 65" in last_error(capsys, "load")

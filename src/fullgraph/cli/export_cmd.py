@@ -183,9 +183,8 @@ def run_export(args) -> int:
 
 def run_once(loaded, x) -> tuple[float, object]:
     """(seconds, output) of one call of a loaded package on inputs `x` (an Example). Inputs that do not fit the
-    package are a UsageError (exit 2); any other failure a DeployError (exit 1)."""
-    import re
-
+    package are a UsageError (exit 2: `fullgraph.deploy.load` turns the package's input checks on); any other
+    failure a DeployError (exit 1)."""
     import torch
 
     from fullgraph.deploy import DeployError
@@ -194,22 +193,13 @@ def run_once(loaded, x) -> tuple[float, object]:
     from fullgraph.timing import first_call
 
     shown = display_path(loaded.path)
-    # AOTInductor checks input shapes, dtypes and dynamic ranges only when this is set (read once per process, at
-    # the first call): without it, inputs of other shapes run and return wrong results, or read out of bounds.
-    os.environ.setdefault("AOTI_RUNTIME_CHECK_INPUTS", "1")
     with torch.no_grad():
         try:
             return first_call(lambda: x.call(loaded), x.device)
+        except UsageError:  # the package's input checks: inputs of other shapes, dtypes or ranges than exported
+            raise
         except Exception as e:
-            msg = first_line(e)
-            unfit = re.search(r"input_handles\[(\d+)\]: (.*)", msg)
-            if unfit or "expected inputs vector size" in msg:
-                where = f"input {unfit.group(1)}: {unfit.group(2)}" if unfit else msg.split(": ", 1)[-1]
-                raise UsageError(
-                    f"the inputs ({', '.join(x.describe())}) do not fit {shown} ({where}); it was exported with "
-                    f"{loaded.inputs}"
-                ) from e
-            raise DeployError(f"{shown} loaded but failed on inputs {', '.join(x.describe())}: {msg}") from e
+            raise DeployError(f"{shown} loaded but failed on inputs {', '.join(x.describe())}: {first_line(e)}") from e
 
 
 def _probe_text(verdict) -> str:

@@ -87,6 +87,16 @@ def link_libstdcxx(options: Mapping[str, Any]) -> dict[str, Any]:
     return {_LIBS: [*given, "stdc++"] if "stdc++" not in given else list(given)}
 
 
+def _lowerbound(declared: Mapping[str, Mapping[str, list[int]]]) -> dict[str, Any]:
+    """Where a declared range starts below 2, the package's input check (on under `load`) must not hold the dim to
+    at least 2, the size Dynamo's symbols assume: the program serves 0 and 1 (tests run batch 1), the check would
+    refuse them."""
+    low = min((r[0] for dims in declared.values() for r in dims.values()), default=2)
+    if low >= 2 or not hasattr(torch._inductor.config.aot_inductor, "check_lowerbound"):
+        return {}
+    return {"aot_inductor.check_lowerbound": False}
+
+
 def _check_built(built: str, path: str) -> None:
     """Refuse a package whose library still carries libstdc++ (a torch without the setting, or a compiler that
     ignores it): it would crash wherever it is loaded."""
@@ -148,6 +158,7 @@ def export(
     configs = {
         **options,
         **link_libstdcxx(options),
+        **_lowerbound(declared),
         "aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()},
     }
     folder = os.path.dirname(os.path.abspath(path))
