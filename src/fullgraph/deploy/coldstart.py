@@ -9,7 +9,9 @@ which cache folder it sees (empty for a cold compile, filled for a warm one). Th
 - `compile`: build the model on the device, `fullgraph.compile(model, preset)`, first call (cold or warm: the
   cache folder decides);
 - `load-cache`: `load_cache(--cache)` into the (empty) cache folder, then the same;
-- `load-package`: `fullgraph.deploy.load(--package)` and a first call, no model built;
+- `load-package`: `fullgraph.deploy.load(--package)` and a first call, no model built; where the preset runs CUDA
+  graphs (reduce-overhead, on a GPU), loaded with `cuda_graphs=True`: the first call runs plainly, the second
+  captures, later ones replay;
 - `save-cache`: compile and call as `compile`, then `save_cache(--cache)` (a setup step);
 - `export`: `fullgraph.deploy.export(--package)` then `probe` (a setup step: the probe's verdict is cached in
   FULLGRAPH_CACHE_DIR, so `load-package` in the same folder skips it, as a deployment that probed at install does);
@@ -160,7 +162,8 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         return
     if args.action == "load-package":
         report["build_s"] = None  # the weights are in the package
-        fn = clock.time("load_s", lambda: package.load(_need(args, "package")))
+        graphs = device.type == "cuda" and resolve(args.preset).mode == "reduce-overhead"
+        fn = clock.time("load_s", lambda: package.load(_need(args, "package"), cuda_graphs=graphs))
         first_s, out = first_call(lambda: fn(*inputs), device)
     elif args.action == "load-precompiled":
         model = clock.time("build_s", lambda: _build(args, device, dtype))
