@@ -60,6 +60,17 @@ def test_estimates_scale_the_largest_compile_seen_by_each_modes_cost():
     assert clock.fits(cfg.Candidate("edge", torch.bfloat16))
 
 
+def test_a_stage_runs_the_cheapest_estimate_first_and_of_equal_ones_the_lower_precision():
+    clock = _Budget(600.0, time.monotonic())
+    names = [c.name for c in tune_mod.stage_order(clock, [cfg.Candidate(p, d) for p in ("edge", "dev")
+                                                          for d in (torch.float32, torch.bfloat16)])]  # fmt: skip
+    assert names == ["compile dev bf16", "compile dev fp32", "compile edge bf16", "compile edge fp32"]
+    cheap_first = tune_mod.stage_order(
+        clock, [cfg.Candidate("edge", torch.bfloat16), cfg.Candidate("dev", torch.float32)]
+    )
+    assert [c.name for c in cheap_first] == ["compile dev fp32", "compile edge bf16"]  # the estimate comes first
+
+
 def test_a_budget_too_small_for_any_compile_keeps_eager_and_names_what_it_left_out(monkeypatch):
     monkeypatch.setattr(tune_mod, "FIRST_GUESS_S", 1000.0)
     r = tune(Plain(), (torch.randn(4, 16),), budget=30, presets=["dev", "edge"], reps=6)
