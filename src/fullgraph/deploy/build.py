@@ -101,8 +101,7 @@ def _check_built(built: str, path: str) -> None:
     """Refuse a package whose library still carries libstdc++ (a torch without the setting, or a compiler that
     ignores it): it would crash wherever it is loaded."""
     with zipfile.ZipFile(built) as z:
-        names = [n for n in z.namelist() if n.endswith(".so")]
-        libraries = {n: package._library_facts(z, n) for n in names}
+        libraries = package.libraries_in(z, z.namelist())
     cxx = torch._inductor.config.cpp.cxx[-1]
     package.check_libraries(
         display_path(path),

@@ -81,7 +81,7 @@ def _content_sha(f) -> str:
     st = os.fstat(f.fileno())
     key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
     file = os.path.join(cache_dir(), SHA_FILE)
-    memo = _read_verdicts(file)
+    memo = _read_json(file)
     if isinstance(memo.get(key), str):
         return memo[key]
     sha = _sha256(f)
@@ -119,7 +119,7 @@ def _read_package(path: str | os.PathLike) -> tuple[str, dict[str, str], tuple[s
                     raise ValueError(f"metadata is a {type(meta).__name__}, not an object")
                 externs = [n for n in code if n.endswith(".json") and not n.endswith("_metadata.json")]
                 ops = tuple(sorted({op for n in externs for op in _extern_ops(json.loads(z.read(n)))}))
-                libraries = {n: _library_facts(z, n) for n in code if n.endswith(".so")}
+                libraries = libraries_in(z, code)
         except (zipfile.BadZipFile, EOFError, ValueError, KeyError, OSError, struct.error) as e:  # damaged, bad JSON
             raise DeployError(
                 f"{shown} is not a readable package ({first_line(e)}): damaged or truncated; {_REBUILD}"
@@ -130,6 +130,11 @@ def _read_package(path: str | os.PathLike) -> tuple[str, dict[str, str], tuple[s
     return sha, meta, ops
 
 
+def libraries_in(z: zipfile.ZipFile, names: Sequence[str]) -> dict[str, _elf.ElfFacts | None]:
+    """`_library_facts` of each shared library among `names`, by name."""
+    return {n: _library_facts(z, n) for n in names if n.endswith(".so")}
+
+
 def _library_facts(z: zipfile.ZipFile, name: str) -> _elf.ElfFacts | None:
     """What a library in the package needs and carries, read from the zip member without extracting it (only its
     headers and dynamic tables: a stored member is read in place, so a 190 MB library costs milliseconds); None
@@ -138,12 +143,12 @@ def _library_facts(z: zipfile.ZipFile, name: str) -> _elf.ElfFacts | None:
     raw = z.fp
     try:
         if info.compress_type == zipfile.ZIP_STORED and raw is not None and hasattr(raw, "fileno"):
-            raw.seek(info.header_offset)
-            local = raw.read(30)
+            fd = raw.fileno()  # read with pread: the zip reader's own position is left alone
+            local = os.pread(fd, 30, info.header_offset)
             if local[:4] != b"PK\x03\x04":
                 raise zipfile.BadZipFile(f"{name}: no local file header")
             name_len, extra_len = struct.unpack_from("<HH", local, 26)
-            start, size, fd = info.header_offset + 30 + name_len + extra_len, info.file_size, raw.fileno()
+            start, size = info.header_offset + 30 + name_len + extra_len, info.file_size
 
             def read(offset: int, length: int) -> bytes:
                 length = max(0, min(length, size - offset))
@@ -259,7 +264,8 @@ def _probe_key(sha: str, device_index: int) -> str:
     return "|".join(map(str, (sha, here["torch"], here["fullgraph"], here["device"], device_index)))
 
 
-def _read_verdicts(file: str) -> dict[str, dict[str, Any]]:
+def _read_json(file: str) -> dict[str, Any]:
+    """A JSON object from `file` (the probe verdicts, the remembered hashes); {} when missing or unreadable."""
     try:
         with open(file, encoding="utf-8") as f:
             data = json.load(f)
@@ -289,7 +295,7 @@ def _probe(path: str, sha: str, device_index: int, timeout: float) -> dict[str, 
     """`probe` for a package already checked, whose content hashes to `sha` (`load` reads the file once)."""
     file = os.path.join(cache_dir(), PROBE_FILE)
     key = _probe_key(sha, device_index)
-    verdict = _read_verdicts(file).get(key)
+    verdict = _read_json(file).get(key)
     if verdict is not None:
         return {**verdict, "cached": True}
     start = time.perf_counter()
@@ -317,7 +323,7 @@ def _probe(path: str, sha: str, device_index: int, timeout: float) -> dict[str, 
     # A pass or a death by signal belongs to this file here; an exit with a Python error may be the environment's
     # (a missing module), so it is probed again next time.
     if done.returncode <= 0:
-        verdicts = _read_verdicts(file)
+        verdicts = _read_json(file)
         verdicts[key] = verdict
         with contextlib.suppress(OSError):  # a read-only cache folder costs a probe per load, nothing more
             write_atomic(file, json.dumps(verdicts, indent=1, sort_keys=True))
