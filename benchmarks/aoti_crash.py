@@ -60,7 +60,9 @@ MODEL_DIMS = (64, 256, 256, 10)
 BATCH = 8
 VARIANTS = {  # name -> Inductor configs; a config the installed torch lacks is skipped with a note
     "base": {},
-    "linked": {"aot_inductor.custom_op_libs": ["stdc++"]},  # the fix: wrapper.so asks for libstdc++.so (_elf)
+    # the fix (fullgraph.deploy.build.LIBSTDCXX): wrapper.so asks for libstdc++.so.6 by its file name; `-lstdc++`
+    # linked the archive again on the H200 image, whose g++ searches a folder holding libstdc++.a alone first
+    "linked": {"aot_inductor.custom_op_libs": [":libstdc++.so.6"]},
     "cpp_only": {"aot_inductor.package_cpp_only": True},
     "embed_kernel_binary": {"aot_inductor.embed_kernel_binary": True},
     "embed_cubin": {"aot_inductor.embed_cubin": True},

@@ -74,17 +74,23 @@ def aot_options(preset: str | None, mode: str | None = None) -> dict[str, Any]:
 
 
 _LIBS = "aot_inductor.custom_op_libs"
+# The C++ runtime's shared library by its file name (`-l:libstdc++.so.6`), not `-lstdc++`: the linker takes the first
+# folder holding libstdc++.so or libstdc++.a, and the H200 image's g++ (a script running g++-real with -B
+# /opt/gcc/lib/gcc/x86_64-linux-gnu/13/) puts first a folder with the archive alone, so `-lstdc++` linked the static
+# copy again (same library, byte for byte). Only the shared runtime is named libstdc++.so.6.
+LIBSTDCXX = ":libstdc++.so.6"
 
 
 def link_libstdcxx(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Inductor options that link a package's library against libstdc++.so explicitly (`-lstdc++`), on Linux where
-    this torch has the setting: the shared library then binds to the process's libstdc++ even when the C++
-    compiler adds `-static-libstdc++` (as the H200 image's does), whose private copy would clash with torch's
-    (`fullgraph.deploy._elf`). With the plain g++ the link already has it: nothing changes."""
+    """Inductor options that link a package's library against the shared libstdc++ explicitly
+    (`-l:libstdc++.so.6`), on Linux where this torch has the setting: the library then binds to the process's
+    libstdc++ even when the C++ compiler would link the static one (`-static-libstdc++`, or a search folder holding
+    only libstdc++.a, as on the H200 image), whose private copy clashes with torch's (`fullgraph.deploy._elf`). With
+    a plain g++ the link already has it: nothing changes."""
     if not sys.platform.startswith("linux") or not hasattr(torch._inductor.config.aot_inductor, _LIBS.split(".")[1]):
         return {}
     given = options.get(_LIBS, torch._inductor.config.aot_inductor.custom_op_libs) or []
-    return {_LIBS: [*given, "stdc++"] if "stdc++" not in given else list(given)}
+    return {_LIBS: [*given, LIBSTDCXX] if LIBSTDCXX not in given else list(given)}
 
 
 def _lowerbound(declared: Mapping[str, Mapping[str, list[int]]]) -> dict[str, Any]:
@@ -107,7 +113,7 @@ def _check_built(built: str, path: str) -> None:
         display_path(path),
         libraries,
         fix=f"Not written. This torch or C++ compiler ({cxx}) ignored the request to link libstdc++.so "
-        f"({_LIBS}=['stdc++']); point CXX at a C++ compiler that does not add -static-libstdc++",
+        f"({_LIBS}=[{LIBSTDCXX!r}]); point CXX at a C++ compiler that links libstdc++.so",
     )
 
 

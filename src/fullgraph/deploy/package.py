@@ -175,8 +175,8 @@ def check_libraries(shown: str, libraries: Mapping[str, _elf.ElfFacts | None], f
 
 
 _STATIC_FIX = (
-    "Export it again with fullgraph.deploy.export, which links libstdc++ dynamically "
-    "(aot_inductor.custom_op_libs=['stdc++']) whatever the C++ compiler adds"
+    "Export it again with fullgraph.deploy.export, which links the shared libstdc++ by its file name "
+    "(aot_inductor.custom_op_libs=[':libstdc++.so.6']) whatever the C++ compiler would link"
 )
 
 
