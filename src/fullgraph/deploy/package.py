@@ -369,19 +369,28 @@ def _loader_class() -> Any:
     return getattr(torch._C._aoti, "AOTIModelPackageLoader", None)
 
 
-def open_package(path: str, device_index: int = -1, model_name: str = "model") -> Callable:
+def open_package(
+    path: str, device_index: int = -1, model_name: str = "model", single_threaded: bool = False
+) -> Callable:
     """The package's model, loaded by torch's C++ loader (`torch._C._aoti.AOTIModelPackageLoader`) directly. torch's
     `aoti_load_package` first reads the archive through torch.export's PT2 reader in Python: for a 190 MB package on
     the CPU that took 1.3 s of its 1.5 s, where the C++ loader alone took 0.16 s. Where this torch's loader class
-    takes other arguments, `aoti_load_package` loads it. Unchecked: `load` checks the file first."""
+    takes other arguments, `aoti_load_package` loads it. Unchecked: `load` checks the file first.
+
+    `single_threaded=True` runs the model without the runtime's pool of model instances, whose bookkeeping queries a
+    CUDA event at every call (`cudaEventQuery`, which a CUDA graph capture refuses: "operation not permitted when
+    stream is capturing", H200, torch 2.11) and records one: the form to capture, callable from one thread at a
+    time."""
     loader_class = _loader_class()
     if loader_class is not None:
         try:
-            loader = loader_class(path, model_name, False, 1, device_index)
+            loader = loader_class(path, model_name, single_threaded, 1, device_index)
         except TypeError:  # another signature: torch's own route below
             pass
         else:
             return PackageCall(loader)
+    if single_threaded:
+        return torch._inductor.aoti_load_package(path, run_single_threaded=True, device_index=device_index)
     return torch._inductor.aoti_load_package(path, device_index=device_index)
 
 
@@ -451,7 +460,8 @@ def load(
     by the file's content, so later loads of the same file skip the probe; one takes `probe_timeout` seconds at
     most. `device_index` picks the GPU (-1: the current one). `cuda_graphs=True` (a CUDA package) replays each call
     signature from a CUDA graph after its first two calls (`fullgraph.compile.GraphedCall`: the package's kernel
-    launches without the host between them, which is what small batches wait on); calls run under no_grad.
+    launches without the host between them, which is what small batches wait on); calls run under no_grad, and the
+    model runs single-threaded (`open_package`): call it from one thread at a time.
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
@@ -477,7 +487,7 @@ def load(
     # inputs of other shapes, dtypes or devices than exported fails by name instead of computing garbage.
     os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     try:
-        model = open_package(path, device_index)
+        model = open_package(path, device_index, single_threaded=cuda_graphs)
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
     if cuda_graphs:
