@@ -95,3 +95,21 @@ def test_cache_artifacts_of_the_pick_are_compiled_alone_and_saved_beside_the_jso
     assert 'load_cache("' in line and 'preset="dev"' in line
     eager = TuneResult(config="eager fp32")
     assert "does not compile" in _save_cache(args, target, [], "cpu", eager, say=lambda msg: None)
+
+
+@pytest.mark.parametrize("flags, expected", [([], None), (["--serial"], False)])
+def test_serial_turns_the_background_compiles_off_and_the_default_leaves_them_to_the_device(
+    target, tmp_path, monkeypatch, flags, expected
+):
+    import fullgraph.diagnose.tune as tune_mod
+
+    seen = {}
+
+    def fake_tune(*args, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(7)  # stop before anything compiles
+
+    monkeypatch.setattr(tune_mod, "tune", fake_tune)
+    with pytest.raises(SystemExit):
+        main(["tune", target, "--preset", "dev", *flags, "-o", str(tmp_path / "t.json")])
+    assert seen["ahead"] is expected

@@ -36,6 +36,9 @@ def add_parser(sub, name: str, help_text: str) -> None:
     p.add_argument("--cache", action="store_true",
                    help="also save the pick's compile-cache artifacts beside the JSON (FILE.cache), compiled alone "
                         "in a child process so that they hold this model's only")  # fmt: skip
+    p.add_argument("--serial", action="store_true",
+                   help="compile every row in this process, one after another (default on a GPU: the autotuning "
+                        "rows compile ahead in background processes; docs/tune.md)")  # fmt: skip
     p.add_argument("-o", "--output", default="fullgraph_tuned.json", help="the result's JSON file (%(default)s)")
     p.set_defaults(run=run)
 
@@ -77,7 +80,7 @@ def run(args) -> int:
             raise UsageError(f"{target} is a function; tune compiles modules: wrap it in an nn.Module")
         result = tune(model, example.args, example.kwargs, target=target, budget=args.budget, presets=presets,
                       modes=modes, dtypes=dtypes, ops=variants, reps=args.reps, threads=args.threads,
-                      progress=say)  # fmt: skip
+                      progress=say, ahead=False if args.serial else None)  # fmt: skip
         result.save(args.output)
         cache = _save_cache(args, target, specs, device, result, say) if args.cache else None
     print_result(result)
