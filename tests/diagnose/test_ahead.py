@@ -63,3 +63,11 @@ def test_a_child_that_fails_reports_the_error_by_its_first_line(own_cache):
     with ahead.Ahead(Linears().eval(), Example.of((torch.randn(4, 8),)), [c]) as bg:
         report = bg.wait(c, time.monotonic() + 120)
     assert report["ok"] is False and "no-such-preset" in report["error"]
+
+
+def test_with_inductors_caches_off_nothing_runs_ahead_and_the_note_says_why(own_cache):
+    row = cfg.Candidate("edge", torch.float32)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        bg = ahead.Ahead(Linears().eval(), Example.of((torch.randn(4, 8),)), [row])
+    with bg:
+        assert bg.names() == [] and "caches are off" in bg.why_not

@@ -66,6 +66,10 @@ class Ahead:
         self.why_not: str | None = None  # set when nothing runs ahead, and why
         self._dir = Path(tempfile.mkdtemp(prefix="fullgraph-ahead-"))
         self._file = self._dir / "model.pt"
+        if self.children and not caches_on():
+            self.why_not = ("Inductor's caches are off here (TORCHINDUCTOR_FORCE_DISABLE_CACHES or fx_graph_cache), so "
+                            "a background compile would leave nothing for this process to reuse")  # fmt: skip
+            self.children = {}
         if self.children:
             try:
                 torch.save({"model": model, "args": example.args, "kwargs": example.kwargs}, self._file)
@@ -154,6 +158,12 @@ class Ahead:
             for p in self._dir.iterdir():
                 p.unlink(missing_ok=True)
             self._dir.rmdir()
+
+
+def caches_on() -> bool:
+    """Whether a compile here can reuse what a child compiled: Inductor's FX graph cache is on and not disabled."""
+    config = torch._inductor.config
+    return bool(config.fx_graph_cache) and not config.force_disable_caches
 
 
 def _child_env() -> dict[str, str]:
