@@ -1,0 +1,114 @@
+"""Where can ViT-B/16 at batch 256 still gain? (issue 14: 13,409 img/s measured, 14,000 wanted; 0.626 ms at batch 4,
+0.60 wanted.) Each of the block's four GEMMs, alone, the ways a model can feed its residual stream, in bf16:
+
+- `linear`: F.linear(a, W, b), cuBLASLt with its bias epilogue (what the block runs now), then `+ x` as its own
+  pass (`linear+add`), the pass Inductor fuses into the next LayerNorm;
+- `addmm`: torch.addmm(x, a, W.t()): the residual as cuBLAS's C (beta=1), out of place (ATen copies x first);
+- `addmm_`: x.addmm_(a, W.t()): the same in place, no copy: the residual stream updated by the GEMM itself (the
+  bias then has to live elsewhere: a constant per block folded into the next norm);
+- `inductor`: F.linear under torch.compile(mode="max-autotune-no-cudagraphs"): Inductor's Triton templates against
+  cuBLAS for that shape.
+
+Prints µs, TFLOP/s and, for the memory-bound extra passes, GB/s, each variant timed under a CUDA graph, side by side
+in interleaved rounds; then attention at the block's shape per SDPA backend and ours. Needs a GPU.
+
+Run: PYTHONPATH=src python3 benchmarks/vit_gemm_probe.py [--batches 256,4] [--csv F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from fullgraph.bench.results import append_csv, make_rows
+from fullgraph.bench.table import format_table
+from fullgraph.timing import measure
+
+TOKENS, DIM, HIDDEN, HEADS = 197, 768, 3072, 12
+SHAPES = {"qkv": (DIM, 3 * DIM), "proj": (DIM, DIM), "fc1": (DIM, HIDDEN), "fc2": (HIDDEN, DIM)}
+RESIDUAL = ("proj", "fc2")  # the GEMMs whose output joins the residual stream
+
+
+def median_rounds(fns: dict, rounds: int, reps: int) -> dict[str, float]:
+    """Median of per-round medians, every variant timed under a CUDA graph in each round in turn."""
+    got: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            got[k].append(measure(fn, device="cuda", warmup=3, reps=reps, graph=True).median_ms)
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def gemm_variants(m: int, k: int, n: int, residual: bool) -> dict:
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(lambda a: F.linear(a, w, b), mode="max-autotune-no-cudagraphs")
+    with torch.no_grad():
+        compiled(a)
+    fns = {"linear": lambda: F.linear(a, w, b), "inductor": lambda: compiled(a)}
+    if residual:
+        fns["linear+add"] = lambda: F.linear(a, w, b) + x
+        fns["addmm"] = lambda: torch.addmm(x, a, w.t())
+        fns["addmm_"] = lambda: x.addmm_(a, w.t())
+    return fns
+
+
+def attention_variants(batch: int) -> dict:
+    from fullgraph import ops
+
+    q, k, v = (torch.randn(batch, HEADS, TOKENS, DIM // HEADS, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fns = {}
+    for name in ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "triton"):
+        try:
+            ops.attention(q, k, v, backend=name)
+        except Exception as e:  # a backend this machine cannot run
+            print(f"attention {name}: skipped ({str(e).splitlines()[0][:120]})", file=sys.stderr)
+            continue
+        fns[name] = lambda name=name: ops.attention(q, k, v, backend=name)
+    return fns
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", default="256,4")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--csv", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("vit_gemm_probe.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    table, rows = [], []
+    for batch in (int(b) for b in args.batches.split(",")):
+        m = batch * TOKENS
+        for name, (k, n) in SHAPES.items():
+            times = median_rounds(gemm_variants(m, k, n, name in RESIDUAL), args.rounds, args.reps)
+            flops = 2 * m * k * n
+            base = times["linear"]
+            for variant, ms in times.items():
+                table.append([f"b{batch}", name, f"{m}x{k}x{n}", variant, ms * 1e3, flops / ms / 1e9, base / ms])
+                rows += make_rows("vit_gemm_probe", f"b{batch} {name}", variant,
+                                  {"median_ms": (ms, "ms"), "tflops": (flops / ms / 1e9, "TFLOP/s")},
+                                  {"batch": batch, "m": m, "k": k, "n": n})  # fmt: skip
+        times = median_rounds(attention_variants(batch), args.rounds, args.reps)
+        flops = 4 * batch * HEADS * TOKENS**2 * (DIM // HEADS)
+        base = times.get("sdpa-cudnn") or min(times.values())
+        for variant, ms in times.items():
+            table.append([f"b{batch}", "attention", f"{batch}x{HEADS}x{TOKENS}x64", variant, ms * 1e3,
+                          flops / ms / 1e9, base / ms])  # fmt: skip
+            rows += make_rows("vit_gemm_probe", f"b{batch} attention", variant,
+                              {"median_ms": (ms, "ms"), "tflops": (flops / ms / 1e9, "TFLOP/s")},
+                              {"batch": batch})  # fmt: skip
+    print(format_table(["batch", "op", "shape", "variant", "µs", "TFLOP/s", "linear / this"], table))
+    if args.csv:
+        append_csv(args.csv, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
