@@ -31,22 +31,23 @@ from fullgraph.timing import measure
 TOKENS, DIM, HIDDEN, HEADS = 197, 768, 3072, 12
 SHAPES = {"qkv": (DIM, 3 * DIM), "proj": (DIM, DIM), "fc1": (DIM, HIDDEN), "fc2": (HIDDEN, DIM)}
 RESIDUAL = ("proj", "fc2")  # the GEMMs whose output joins the residual stream
+DEV = "cuda"  # --device cpu: a smoke run of the script itself (its figures mean nothing there)
 
 
 def median_rounds(fns: dict, rounds: int, reps: int) -> dict[str, float]:
-    """Median of per-round medians, every variant timed under a CUDA graph in each round in turn."""
+    """Median of per-round medians, every variant timed under a CUDA graph (on a GPU) in each round in turn."""
     got: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
-            got[k].append(measure(fn, device="cuda", warmup=3, reps=reps, graph=True).median_ms)
+            got[k].append(measure(fn, device=DEV, warmup=3, reps=reps, graph=DEV == "cuda").median_ms)
     return {k: statistics.median(v) for k, v in got.items()}
 
 
 def gemm_variants(m: int, k: int, n: int, residual: bool) -> dict:
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    x = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
     compiled = torch.compile(lambda a: F.linear(a, w, b), mode="max-autotune-no-cudagraphs")
     with torch.no_grad():
         compiled(a)
@@ -61,7 +62,7 @@ def gemm_variants(m: int, k: int, n: int, residual: bool) -> dict:
 def attention_variants(batch: int) -> dict:
     from fullgraph import ops
 
-    q, k, v = (torch.randn(batch, HEADS, TOKENS, DIM // HEADS, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(batch, HEADS, TOKENS, DIM // HEADS, device=DEV, dtype=torch.bfloat16) for _ in range(3))
     fns = {}
     for name in ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "triton"):
         try:
@@ -79,9 +80,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--csv", default=None)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("vit_gemm_probe.py needs a CUDA GPU", file=sys.stderr)
+    global DEV
+    DEV = args.device
+    if DEV == "cuda" and not torch.cuda.is_available():
+        print("vit_gemm_probe.py needs a CUDA GPU (--device cpu runs it as a smoke test)", file=sys.stderr)
         return 2
     table, rows = [], []
     for batch in (int(b) for b in args.batches.split(",")):
