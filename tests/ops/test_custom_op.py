@@ -183,3 +183,20 @@ def test_eager_auto_takes_the_native_form_below_the_size_where_a_kernel_pays(mon
         torch.testing.assert_close(Double()(small), small * 2 + 1000)
     floor = measured.EAGER_KERNEL_MIN_NUMEL["cuda"]
     assert measured.eager_kernel_pays("cuda", floor) and not measured.eager_kernel_pays("cuda", floor - 1)
+
+
+def test_a_functional_forms_cached_choice_keeps_the_size_classes_apart_as_a_modules_does(monkeypatch):
+    if not env.triton_runs_on("cpu")[0]:
+        pytest.skip("needs kernels to run here (TRITON_INTERPRET=1)")
+    from fullgraph.ops import RMSNorm, custom_op, rms_norm
+
+    monkeypatch.setitem(measured.EAGER_KERNEL_MIN_NUMEL, "cpu", 64)
+    custom_op._FUNCTIONAL.clear()
+    small, large = torch.randn(4, 8), torch.randn(8, 8)  # 32 and 64 elements, either side of the threshold
+    module = RMSNorm(8)
+    for _ in range(3):  # the first call of each size class fills the cache; the next ones run from it
+        for x, impl in ((small, "native"), (large, "kernel")):
+            before = counters[("rms_norm", "eager", impl)]
+            with policy(rms_norm="auto"):
+                torch.testing.assert_close(rms_norm(x, module.weight), module(x))
+            assert counters[("rms_norm", "eager", impl)] == before + 2  # the functional call and the module's
