@@ -2,7 +2,7 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm (default: env tests ceilings ops)
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +103,9 @@ for step in $steps; do
       ;;
     vit-gemm)  # issue 14: the block's GEMMs alone, each way of feeding the residual stream, and attention per backend
       $py benchmarks/vit_gemm_probe.py ${VIT_GEMM_ARGS:-} --csv "$OUT/vit_gemm_probe_h200.csv" 2>&1 | tee "$OUT/vit_gemm_probe.txt" | tail -40
+      ;;
+    vit-tma)  # issue 14: timm and ours at b256 default and b4 reduce-overhead, plain and autotuned with persistent TMA templates
+      $py benchmarks/vit_probe.py --tma ${VIT_TMA_ARGS:-} --csv "$OUT/vit_tma_h200.csv" 2>&1 | tee "$OUT/vit_tma.txt" | tail -20
       ;;
     grad-mode)
       $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"

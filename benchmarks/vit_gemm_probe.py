@@ -7,7 +7,10 @@
 - `addmm_`: x.addmm_(a, W.t()): the same in place, no copy: the residual stream updated by the GEMM itself (the
   bias then has to live elsewhere: a constant per block folded into the next norm);
 - `inductor`: F.linear under torch.compile(mode="max-autotune-no-cudagraphs"): Inductor's Triton templates against
-  cuBLAS for that shape.
+  cuBLAS for that shape; `inductor-tma` the same with Inductor's persistent TMA templates on
+  (`triton.enable_persistent_tma_matmul`, off by default, Hopper only), and for the residual GEMMs
+  `inductor-tma+add`, F.linear(a, W, b) + x compiled so, where a Triton template that wins takes the add into its
+  epilogue.
 
 Prints µs, TFLOP/s and, for the memory-bound extra passes, GB/s, each variant timed under a CUDA graph, side by side
 in interleaved rounds; then attention at the block's shape per SDPA backend and ours. Needs a GPU.
@@ -48,14 +51,21 @@ def gemm_variants(m: int, k: int, n: int, residual: bool) -> dict:
     w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) / k**0.5
     b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
     x = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
-    compiled = torch.compile(lambda a: F.linear(a, w, b), mode="max-autotune-no-cudagraphs")
-    with torch.no_grad():
-        compiled(a)
+    mode = "max-autotune-no-cudagraphs"
+    tma = {**torch._inductor.list_mode_options(mode), "triton.enable_persistent_tma_matmul": True}
+    compiled = torch.compile(lambda a: F.linear(a, w, b), mode=mode)
+    compiled_tma = torch.compile(lambda a: F.linear(a, w, b), options=tma)
     fns = {"linear": lambda: F.linear(a, w, b), "inductor": lambda: compiled(a)}
+    fns["inductor-tma"] = lambda: compiled_tma(a)
     if residual:
+        with_add = torch.compile(lambda a, x: F.linear(a, w, b) + x, options=tma)
         fns["linear+add"] = lambda: F.linear(a, w, b) + x
+        fns["inductor-tma+add"] = lambda: with_add(a, x)
         fns["addmm"] = lambda: torch.addmm(x, a, w.t())
         fns["addmm_"] = lambda: x.addmm_(a, w.t())
+    with torch.no_grad():  # compile (and autotune) now, outside the timed rounds
+        for fn in fns.values():
+            fn()
     return fns
 
 

@@ -5,7 +5,11 @@ tanh GELU (fc1 + GELU as one GEMM where `linear_gelu`'s compiled auto takes the 
 timed in interleaved rounds (fullgraph.timing.round_medians); ratio = timm's time / this one. Error: relative
 (Frobenius) error of the logits against timm in fp32. Needs timm and a GPU (the H200 image has both).
 
-Run: PYTHONPATH=src python3 benchmarks/vit_probe.py [--points 256:default,4:reduce-overhead] [--csv F]
+`--tma` adds each model compiled with max-autotune (CUDA graphs where the point's mode has them) and Inductor's
+persistent TMA GEMM templates (`triton.enable_persistent_tma_matmul`): a Triton template that beats cuBLAS also
+takes the bias, GELU (the exact one too) and residual add into its epilogue.
+
+Run: PYTHONPATH=src python3 benchmarks/vit_probe.py [--points 256:default,4:reduce-overhead] [--tma] [--csv F]
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ def main() -> int:
     parser.add_argument("--points", default="256:default,4:reduce-overhead", help="batch:mode list")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--csv", default=None)
+    tma_help = "also each model under max-autotune with persistent TMA GEMM templates (minutes)"
+    parser.add_argument("--tma", action="store_true", help=tma_help)
     args = parser.parse_args()
     try:
         import timm
@@ -50,6 +56,10 @@ def main() -> int:
         batch, compile_mode = int(batch), (None if mode == "default" else mode)
         torch._dynamo.reset()
         compiled = {k: torch.compile(m, mode=compile_mode) for k, m in models.items()}
+        if args.tma:  # each model again, autotuned with Inductor's persistent TMA templates (off by default)
+            base = "max-autotune" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
+            opts = {**torch._inductor.list_mode_options(base), "triton.enable_persistent_tma_matmul": True}
+            compiled |= {f"{k}, autotune+TMA": torch.compile(m, options=opts) for k, m in models.items()}
         x = torch.randn(batch, 3, 224, 224, device="cuda")
         with torch.no_grad():
             expected = ref(x).float()
