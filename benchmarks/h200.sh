@@ -104,8 +104,8 @@ for step in $steps; do
     vit-gemm)  # issue 14: the block's GEMMs alone, each way of feeding the residual stream, and attention per backend
       $py benchmarks/vit_gemm_probe.py ${VIT_GEMM_ARGS:-} --csv "$OUT/vit_gemm_probe_h200.csv" 2>&1 | tee "$OUT/vit_gemm_probe.txt" | tail -40
       ;;
-    vit-tma)  # issue 14: timm and ours at b256 default and b4 reduce-overhead, plain and autotuned with persistent TMA templates
-      $py benchmarks/vit_probe.py --tma ${VIT_TMA_ARGS:-} --csv "$OUT/vit_tma_h200.csv" 2>&1 | tee "$OUT/vit_tma.txt" | tail -20
+    vit-tma)  # issue 14: timm and ours at b256 default and b4 reduce-overhead; autotuned with persistent TMA; ours under pinned op policies
+      $py benchmarks/vit_probe.py --tma --policies ${VIT_TMA_ARGS:-} --csv "$OUT/vit_tma_h200.csv" 2>&1 | tee "$OUT/vit_tma.txt" | tail -20
       ;;
     grad-mode)
       $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"

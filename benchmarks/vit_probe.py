@@ -9,7 +9,11 @@ timed in interleaved rounds (fullgraph.timing.round_medians); ratio = timm's tim
 persistent TMA GEMM templates (`triton.enable_persistent_tma_matmul`): a Triton template that beats cuBLAS also
 takes the bias, GELU (the exact one too) and residual add into its epilogue.
 
-Run: PYTHONPATH=src python3 benchmarks/vit_probe.py [--points 256:default,4:reduce-overhead] [--tma] [--csv F]
+`--policies` adds ours (tanh GELU) with one op policy pinned per variant (POLICY_VARIANTS: fc1 + GELU as one
+cuBLASLt GEMM at any size, our attention kernel).
+
+Run: PYTHONPATH=src python3 benchmarks/vit_probe.py [--points 256:default,4:reduce-overhead] [--tma] [--policies]
+  [--csv F]
 """
 
 from __future__ import annotations
@@ -20,10 +24,25 @@ import sys
 
 import torch
 
+from fullgraph import ops
 from fullgraph.bench.results import append_csv, make_rows
 from fullgraph.bench.table import format_table
 from fullgraph.models.vit import load_timm_state_dict, vit_b16
 from fullgraph.timing import round_medians
+
+# Op policies pinned for --policies: compiled `auto` leaves linear_gelu native below 2^21 elements of x (host time in
+# default mode; under CUDA graphs host time does not count) and takes cuDNN attention at 197 tokens.
+POLICY_VARIANTS = {"fc1+GELU kernel": {"linear_gelu": "kernel"}, "attention kernel": {"attention": "kernel"}}
+
+
+def under(pol: dict, fn):
+    """`fn` called under op policies `pol` (read when it traces; the compiled code guards on them)."""
+
+    def call(x):
+        with ops.policy(**pol):
+            return fn(x)
+
+    return call
 
 
 def main() -> int:
@@ -33,6 +52,7 @@ def main() -> int:
     parser.add_argument("--csv", default=None)
     tma_help = "also each model under max-autotune with persistent TMA GEMM templates (minutes)"
     parser.add_argument("--tma", action="store_true", help=tma_help)
+    parser.add_argument("--policies", action="store_true", help="also ours (tanh) under each of POLICY_VARIANTS")
     args = parser.parse_args()
     try:
         import timm
@@ -56,6 +76,10 @@ def main() -> int:
         batch, compile_mode = int(batch), (None if mode == "default" else mode)
         torch._dynamo.reset()
         compiled = {k: torch.compile(m, mode=compile_mode) for k, m in models.items()}
+        if args.policies:  # ours (tanh) again, each under one op policy pinned (its own instance and compile)
+            for label, pol in POLICY_VARIANTS.items():
+                m = load_timm_state_dict(vit_b16(gelu="tanh"), ref.state_dict()).eval().cuda().to(torch.bfloat16)
+                compiled[f"ours, tanh GELU, {label}"] = under(pol, torch.compile(m, mode=compile_mode))
         if args.tma:  # each model again, autotuned with Inductor's persistent TMA templates (off by default)
             base = "max-autotune" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
             opts = {**torch._inductor.list_mode_options(base), "triton.enable_persistent_tma_matmul": True}
