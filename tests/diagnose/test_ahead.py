@@ -13,6 +13,14 @@ from fullgraph.diagnose.inputs import Example
 from tests.deploy._models import Linears
 
 
+class Chatty(nn.Module):
+    """Prints 200 KB per call: more than a pipe holds, had the child's stdout been one."""
+
+    def forward(self, x):
+        print("x" * 200_000)
+        return x * 2
+
+
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """An empty Inductor cache folder, the children's too (they inherit the environment)."""
@@ -71,3 +79,11 @@ def test_with_inductors_caches_off_nothing_runs_ahead_and_the_note_says_why(own_
         bg = ahead.Ahead(Linears().eval(), Example.of((torch.randn(4, 8),)), [row])
     with bg:
         assert bg.names() == [] and "caches are off" in bg.why_not
+
+
+@pytest.mark.slow
+def test_a_child_that_prints_a_lot_still_reports(own_cache):
+    c = cfg.Candidate("dev", torch.float32)
+    with ahead.Ahead(Chatty(), Example.of((torch.randn(4, 8),)), [c]) as bg:
+        report = bg.wait(c, time.monotonic() + 240)
+    assert report["ok"] is True and report["compile_s"] > 0

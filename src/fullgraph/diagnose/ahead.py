@@ -49,7 +49,8 @@ def slow(c: cfg.Candidate) -> bool:
 class _Child:
     cand: cfg.Candidate
     proc: subprocess.Popen | None = None
-    log: Path | None = None
+    log: Path | None = None  # the child's stderr
+    out: Path | None = None  # its stdout: the JSON report last
     started: float | None = None
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -102,11 +103,13 @@ class Ahead:
 
     def _start(self, ch: _Child) -> None:
         c = ch.cand
-        ch.log = self._dir / f"{len(list(self._dir.iterdir()))}.log"
+        n = sum(1 for child in self.children.values() if child.proc is not None)
+        ch.log, ch.out = self._dir / f"{n}.log", self._dir / f"{n}.out"
         argv = [sys.executable, "-m", "fullgraph.diagnose.ahead", str(self._file), c.mode, cfg.short_dtype(c.dtype),
                 json.dumps(dict(c.ops))]  # fmt: skip
-        with open(ch.log, "w") as log:
-            ch.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=_child_env())
+        # Both streams to files, not pipes: a child that prints more than a pipe holds would block on it.
+        with open(ch.out, "w") as out, open(ch.log, "w") as log:
+            ch.proc = subprocess.Popen(argv, stdout=out, stderr=log, text=True, env=_child_env())
         ch.started = time.monotonic()
         self.say(f"compiling ahead in the background: {c.name}")
 
@@ -135,7 +138,7 @@ class Ahead:
                 self._collect(ch)
 
     def _collect(self, ch: _Child) -> None:
-        out = ch.proc.stdout.read() if ch.proc.stdout else ""
+        out = ch.out.read_text(errors="replace") if ch.out and ch.out.exists() else ""
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if lines:
             ch.report = json.loads(lines[-1])
@@ -152,8 +155,6 @@ class Ahead:
     def close(self) -> None:
         for ch in self.children.values():
             self._kill(ch)
-            if ch.proc is not None and ch.proc.stdout:
-                ch.proc.stdout.close()
         if self._dir.exists():  # closed once; leaving the context closes again
             for p in self._dir.iterdir():
                 p.unlink(missing_ok=True)
