@@ -389,9 +389,7 @@ def open_package(
             pass
         else:
             return PackageCall(loader)
-    if single_threaded:
-        return torch._inductor.aoti_load_package(path, run_single_threaded=True, device_index=device_index)
-    return torch._inductor.aoti_load_package(path, device_index=device_index)
+    return torch._inductor.aoti_load_package(path, run_single_threaded=single_threaded, device_index=device_index)
 
 
 class LoadedPackage:

@@ -51,7 +51,6 @@ class _Child:
     proc: subprocess.Popen | None = None
     log: Path | None = None  # the child's stderr
     out: Path | None = None  # its stdout: the JSON report last
-    started: float | None = None
     report: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,9 +87,6 @@ class Ahead:
     def __contains__(self, c: cfg.Candidate) -> bool:
         return c.name in self.children
 
-    def names(self) -> list[str]:
-        return list(self.children)
-
     def _fill(self) -> None:
         """Start queued children while fewer than `workers` run."""
         running = sum(1 for ch in self.children.values() if ch.proc is not None and ch.proc.poll() is None)
@@ -110,7 +106,6 @@ class Ahead:
         # Both streams to files, not pipes: a child that prints more than a pipe holds would block on it.
         with open(ch.out, "w") as out, open(ch.log, "w") as log:
             ch.proc = subprocess.Popen(argv, stdout=out, stderr=log, text=True, env=_child_env())
-        ch.started = time.monotonic()
         self.say(f"compiling ahead in the background: {c.name}")
 
     def wait(self, c: cfg.Candidate, deadline: float) -> dict[str, Any]:

@@ -202,12 +202,12 @@ def tune(
         if background.why_not:
             notes.append(f"compiled in this process one row after another: {background.why_not}")
 
-        def from_background(c: cfg.Candidate) -> bool:
-            """Build a row compiled ahead, from the warm caches, once its child is done; False: leave it out."""
+        def from_background(c: cfg.Candidate) -> None:
+            """Build a row compiled ahead, from the warm caches, once its child is done; left out if it is late."""
             report = background.wait(c, clock.deadline - clock.reserve)
             if report.get("late"):
                 skipped.append(f"{c.name} (its background compile did not end within the budget)")
-                return False
+                return
             if not report["ok"]:
                 c.error = report["error"]
             else:
@@ -217,7 +217,6 @@ def tune(
                     c.compile_s = report["compile_s"]  # what compiling it costs, shown as such
             clock.observe(c)
             rows.append(c)
-            return True
 
         def run_stage(stage: str, cands: list[cfg.Candidate]) -> None:
             for c in stage_order(clock, cands):
