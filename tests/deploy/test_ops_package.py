@@ -102,3 +102,46 @@ def test_a_package_with_our_ops_runs_where_only_fullgraph_is_imported(tmp_path, 
         in (refused["refused"])
     )
     assert "set TRITON_INTERPRET=1" in refused["refused"] and "--ops none" in refused["refused"]
+
+
+class AttentionBlock(nn.Module):
+    """qkv projection, our attention kernel (backend "triton", registered only on first use), output projection."""
+
+    def __init__(self, dim: int = 64, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).unbind(2)  # each [B, N, H, D]
+        return self.out(ops.attention(q, k, v, layout="bsnd", backend="triton").reshape(b, n, c))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [37, 2100])  # on a Hopper GPU 2100 queries take the Gluon kernel (an opaque op)
+def test_a_package_with_our_attention_kernel_runs_where_only_fullgraph_is_imported(tmp_path, triton_device, tokens):
+    if triton_device == "cpu" and tokens > 100:
+        pytest.skip("the interpreter at 2100 tokens takes minutes; the CPU route is the same opaque op at 37")
+    dtype = torch.bfloat16 if triton_device == "cuda" else torch.float32
+    model = AttentionBlock().to(triton_device, dtype).eval()
+    args = (torch.randn(2, tokens, 64, device=triton_device, dtype=dtype),)
+    with torch.no_grad():
+        expected = model(*args)
+        reference = model.float()(args[0].float()).to(dtype)  # float32 math, for the tolerance
+        model.to(dtype)
+    package = export(model, args, tmp_path / "attn.pt2")
+    torch.save({"args": args, "expected": expected}, tmp_path / "io.pt")
+    # The child imports fullgraph.deploy alone: fullgraph.kernels.flash_attention, which registers the kernel's ops,
+    # is imported by load because the package calls them (before, load refused such a package as unregistered).
+    ran = run_child(tmp_path, package, tmp_path / "io.pt", "fullgraph-only", interpret=triton_device == "cpu")
+    assert "refused" not in ran, ran.get("refused")
+    assert ran["foreign"] == []
+    opaque = [op for op in ran["ops"] if op.startswith("fullgraph::flash_attention")]
+    if triton_device == "cpu":
+        assert opaque == ["fullgraph::flash_attention"]  # the interpreter's kernel is an opaque op
+    else:  # on a GPU Inductor traces into the Triton kernel; the Gluon kernel stays an opaque op
+        gluon = tokens >= 2048 and torch.cuda.get_device_capability()[0] == 9
+        assert opaque == (["fullgraph::flash_attention_gluon"] if gluon else [])
+    tol = 1e-5 if dtype == torch.float32 else 2 * (expected - reference).abs().max().item() + 1e-2
+    assert ran["err"] <= tol

@@ -36,7 +36,8 @@ def fake_package(path: Path, calls: tuple[str, ...] = (), **meta) -> Path:
 
 def probe_with(monkeypatch, code: str) -> None:
     """Make the probe child run `code` instead of loading the package."""
-    monkeypatch.setattr(package, "_probe_argv", lambda path, index: [sys.executable, "-X", "faulthandler", "-c", code])
+    argv = [sys.executable, "-X", "faulthandler", "-c", code]
+    monkeypatch.setattr(package, "_probe_argv", lambda path, index, ops=(): argv)
 
 
 @pytest.mark.slow

@@ -250,13 +250,15 @@ def _check_custom_ops(shown: str, meta: Mapping[str, str], ops: Sequence[str]) -
 
 _PROBE_CODE = (
     "import sys, fullgraph.ops; "  # fullgraph.ops registers our custom ops, which a package may call
+    "fullgraph.ops.register_ops(sys.argv[3:]); "  # and those registered on first use, when the package calls them
     "from fullgraph.deploy.package import open_package; open_package(sys.argv[1], int(sys.argv[2]))"
 )
 
 
-def _probe_argv(path: str, device_index: int) -> list[str]:
-    """The child that loads the package; faulthandler prints the native stack if it crashes."""
-    return [sys.executable, "-X", "faulthandler", "-c", _PROBE_CODE, path, str(device_index)]
+def _probe_argv(path: str, device_index: int, ops: Sequence[str] = ()) -> list[str]:
+    """The child that loads the package, which calls `ops` through Python; faulthandler prints the native stack if
+    it crashes."""
+    return [sys.executable, "-X", "faulthandler", "-c", _PROBE_CODE, path, str(device_index), *ops]
 
 
 def _probe_key(sha: str, device_index: int) -> str:
@@ -287,12 +289,13 @@ def probe(path: str | os.PathLike, *, device_index: int = -1, timeout: float = P
     """Load the package in a child process (once per file content, torch and device: the verdict is cached) and
     return the verdict: {"ok": bool, "rc": exit code, "detail": the child's last line of output, ...}."""
     path = os.fspath(path)
-    sha, _ = inspect_package(path)
-    return _probe(path, sha, device_index, timeout)
+    sha, _, ops = _read_package(path)
+    return _probe(path, sha, device_index, timeout, ops)
 
 
-def _probe(path: str, sha: str, device_index: int, timeout: float) -> dict[str, Any]:
-    """`probe` for a package already checked, whose content hashes to `sha` (`load` reads the file once)."""
+def _probe(path: str, sha: str, device_index: int, timeout: float, ops: Sequence[str] = ()) -> dict[str, Any]:
+    """`probe` for a package already checked, whose content hashes to `sha` and which calls `ops` through Python
+    (`load` reads the file once)."""
     file = os.path.join(cache_dir(), PROBE_FILE)
     key = _probe_key(sha, device_index)
     verdict = _read_json(file).get(key)
@@ -301,7 +304,7 @@ def _probe(path: str, sha: str, device_index: int, timeout: float) -> dict[str, 
     start = time.perf_counter()
     try:
         done = subprocess.run(
-            _probe_argv(os.path.abspath(path), device_index),
+            _probe_argv(os.path.abspath(path), device_index, ops),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -465,15 +468,16 @@ def load(
     path = os.fspath(path)
     shown = display_path(path)
     sha, meta, ops = _read_package(path)
-    import fullgraph.ops  # noqa: F401 - registers our custom ops, which the package may call
+    import fullgraph.ops  # registers our custom ops, which the package may call
 
+    fullgraph.ops.register_ops(ops)  # and those that register on first use
     _check_custom_ops(shown, meta, ops)
     device = meta.get("AOTI_DEVICE_KEY") or "cpu"
     if cuda_graphs and not device.startswith("cuda"):
         raise UsageError(f"cuda_graphs=True: {shown} runs on {device}; CUDA graphs need a package exported on a GPU")
     verdict = None
     if probe_first:
-        verdict = _probe(path, sha, device_index, probe_timeout)
+        verdict = _probe(path, sha, device_index, probe_timeout, ops)
         if not verdict["ok"]:
             seen = " (verdict cached from an earlier probe of this file)" if verdict["cached"] else ""
             how = "crashed" if verdict["rc"] < 0 else "failed in"

@@ -8,6 +8,7 @@ Which one runs is a policy (`policies.py`): per instance, per op class (`set_pol
 # nor a GPU; a kernel is built on its first call.
 from fullgraph.ops import policies as _policies
 from fullgraph.ops.attention import Attention, attention, attention_choice
+from fullgraph.ops.attention_backends import register_ops
 from fullgraph.ops.custom_op import CustomOp
 from fullgraph.ops.linear import LinearGELU, linear_gelu
 from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, modulate
@@ -36,6 +37,7 @@ __all__ = [
     "linear_gelu",
     "modulate",
     "policy",
+    "register_ops",
     "rms_norm",
     "rope_tables",
     "set_policy",

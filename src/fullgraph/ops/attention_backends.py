@@ -125,6 +125,17 @@ def spec_of(q, k, attn_mask, causal: bool) -> Spec:
     )  # fmt: skip
 
 
+# Our ops registered on first use rather than by `import fullgraph.ops` (their module imports Triton): name -> module.
+LAZY_OPS = {"fullgraph::flash_attention": _TRITON_MODULE, "fullgraph::flash_attention_gluon": _TRITON_MODULE}
+
+
+def register_ops(qualnames) -> None:
+    """Register those of `qualnames` ("fullgraph::flash_attention", ...) that register on first use, as a process
+    that runs a saved program calling them (an AOTInductor package) needs; other names are left alone."""
+    for module in sorted({LAZY_OPS[name] for name in qualnames if name in LAZY_OPS}):
+        importlib.import_module(module)
+
+
 def availability(backend: str) -> str:
     """ "" if `backend` is installed, else why not."""
     if backend == "triton":
