@@ -4,9 +4,11 @@ property, adaLN-Zero, fullgraph=True tracing, and bad input."""
 import pytest
 import torch
 
+from fullgraph import env, ops
 from fullgraph.errors import UsageError
 from fullgraph.models import DiT, PlainDiT, dit
 from fullgraph.models.dit import config, rope_tables_for, rotate_half_rope, video_split
+from fullgraph.ops import direct, modulation
 from tests.skips import requires_cuda
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2}
@@ -125,3 +127,63 @@ def test_bf16_on_the_gpu_matches_the_fp32_plain_twin_compiled_and_eager():
         for fn in (ours, torch.compile(ours, fullgraph=True)):
             out = fn(x.bfloat16(), c.bfloat16()).float()
             assert ((out - expected).norm() / expected.norm()).item() < 2e-2
+
+
+def counted(model, *args):
+    """model(*args) under no_grad, and the op-policy counts it added: {(op, "eager", impl): calls}."""
+    before = dict(ops.counters)
+    with torch.no_grad():
+        out = model(*args)
+    return out, {k: v - before.get(k, 0) for k, v in ops.counters.items() if v != before.get(k, 0)}
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+@pytest.mark.parametrize("policy", ["native", "kernel"])
+def test_eager_inference_calls_the_chosen_forms_directly_with_the_checked_ops_output_and_counts(
+    rope, policy, triton_device, monkeypatch
+):
+    cfg = config("dit_s", **SMALL, **ROPES[rope])
+    model = randomized(cfg, seed=7)
+    n = 30 if rope == "video" else 37
+    x, c = torch.randn(2, n, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    checks = []
+    real = modulation.check_modulate_inputs
+    monkeypatch.setattr(modulation, "check_modulate_inputs", lambda *a: checks.append(1) or real(*a))
+    with ops.policy(all=policy):
+        direct_out, direct_counts = counted(model, x, c)
+        assert checks == []  # the block's own tensors: no per-op checks
+        monkeypatch.setattr(direct, "usable", lambda: False)  # the checked path, as torch.compile or autograd take
+        checked_out, checked_counts = counted(model, x, c)
+    assert len(checks) == 2 * cfg.depth + 1  # two per block and the final norm's
+    torch.testing.assert_close(direct_out, checked_out, rtol=0, atol=0)
+    assert direct_counts == checked_counts
+    assert {impl for (op, _, impl) in direct_counts if op != "attention"} == {policy}
+
+
+def test_direct_forms_follow_the_q_k_norms_own_policy_and_fall_back_when_they_differ():
+    model = randomized(config("dit_s", **SMALL, rope="1d"))
+    x, c = torch.randn(1, 9, SMALL["dim"]), torch.randn(1, SMALL["dim"])
+    for block in model.blocks:
+        block.q_norm.policy = block.k_norm.policy = "native"
+    with ops.policy(rms_norm="kernel" if env.triton_runs_on("cpu")[0] else "native"):
+        _, counts = counted(model, x, c)
+    assert counts[("rms_norm", "eager", "native")] == 2 * SMALL["depth"]
+    model.blocks[0].k_norm.policy = None  # q and k differ: that block takes the checked ops, each norm its own
+    with ops.policy(rms_norm="native"):
+        out, counts = counted(model, x, c)
+    assert counts[("rms_norm", "eager", "native")] == 2 * SMALL["depth"]
+    with torch.no_grad():
+        expected = twin(model, dtype=torch.float64)(x.double(), c.double())
+    assert ((out.double() - expected).abs().max() / expected.abs().max()).item() < 1e-5
+
+
+def test_rope_tables_follow_the_device_but_stay_float32():
+    cfg = config("dit_s", **SMALL, rope="video", grid=(2, 3, 5))
+    model = DiT(cfg).to(torch.bfloat16)
+    cos, sin = rope_tables_for(cfg)
+    assert (
+        model.rope_cos.dtype == torch.float32 and torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
+    )
+    assert model.blocks[0].qkv.weight.dtype == torch.bfloat16
+    plain = PlainDiT(cfg).to(torch.bfloat16)  # the twin keeps what users' code does: tables in the model's dtype
+    assert plain.rope_cos.dtype == torch.bfloat16

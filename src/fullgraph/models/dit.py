@@ -29,6 +29,7 @@ from torch import nn
 
 from fullgraph import ops
 from fullgraph.errors import UsageError
+from fullgraph.ops import direct
 
 
 @dataclass(frozen=True)
@@ -137,16 +138,53 @@ class DiTBlock(nn.Module):
         _block_params(self, cfg, ops.RMSNorm)
 
     def forward(self, x, c, rope=None):
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c)).chunk(6, dim=-1)  # each [B, C]
-        h = ops.modulate(ops.layer_norm(x, eps=self.eps), shift1, scale1)  # h: [B, N, C]
+        f = self._forms(x, rope is not None)
+        # each [B, 1, C], in float32 (modulation's math is): one cast and one unsqueeze here, not one per use
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c)).float()[:, None].chunk(6, dim=-1)
+        h = f.modulate(f.layer_norm(x, None, None, self.eps), shift1, scale1)  # h: [B, N, C]
         q, k, v = self.qkv(h).unflatten(-1, (3, self.heads, self.head_dim)).unbind(2)  # q: [B, N, H, D]
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = f.rms_norm(self.q_norm, q), f.rms_norm(self.k_norm, k)
         if rope is not None:
-            q, k = ops.apply_rope(q, *rope, layout="bsnd"), ops.apply_rope(k, *rope, layout="bsnd")
-        a = ops.attention(q, k, v, layout="bsnd")  # a: [B, N, H, D]
-        x = ops.gated_residual(x, self.proj(a.flatten(2)), gate1)
-        h = ops.modulate(ops.layer_norm(x, eps=self.eps), shift2, scale2)
-        return ops.gated_residual(x, self.fc2(ops.linear_gelu(h, self.fc1.weight, self.fc1.bias)), gate2)
+            q, k = f.rope(q, *rope, False, 1), f.rope(k, *rope, False, 1)  # seq dim 1: [B, N, H, D]
+        a = f.attention(q, k, v)  # a: [B, N, H, D]
+        x = f.gated_residual(x, self.proj(a.flatten(2)), gate1)
+        h = f.modulate(f.layer_norm(x, None, None, self.eps), shift2, scale2)
+        return f.gated_residual(x, self.fc2(f.linear_gelu(h, self.fc1.weight, self.fc1.bias, "tanh")), gate2)
+
+    def _forms(self, x, rope: bool):
+        """The ops this call runs: in eager inference each op's chosen form called directly (`ops.direct`: the
+        block's tensors are its own, made from inputs the stack checked, so the per-op checks and policy lookups
+        are only host time), else the checked ops of `fullgraph.ops`, which torch.compile traces."""
+        policy = self.q_norm.policy
+        if not direct.usable() or policy != self.k_norm.policy:
+            return _CHECKED
+        calls = _CALLS_ROPE if rope else _CALLS
+        return direct.direct(x.device, x.numel(), calls, (("rms_norm", policy),) if policy else ())
+
+
+# A block's calls of each op, for `ops.direct`'s counts (attention counts its own).
+_CALLS = (("layer_norm", 2), ("modulate", 2), ("rms_norm", 2), ("gated_residual", 2), ("linear_gelu", 1))
+_CALLS_ROPE = (*_CALLS, ("rope", 2))
+_CALLS_FINAL = (("layer_norm", 1), ("modulate", 1))
+
+
+def _norm_module(module, x):
+    return module(x)
+
+
+def _checked_rope(x, cos, sin, interleaved, seq_dim):
+    return ops.apply_rope(x, cos, sin, interleaved=interleaved, layout="bsnd" if seq_dim == 1 else "bnsd")
+
+
+def _checked_attention(q, k, v):
+    return ops.attention(q, k, v, layout="bsnd")
+
+
+# The same forms through fullgraph.ops' checked entries (rms_norm as the block's own module, with its policy).
+_CHECKED = direct.Direct(
+    ops.layer_norm, _norm_module, ops.modulate, ops.gated_residual, _checked_rope, ops.linear_gelu,
+    _checked_attention, {},
+)  # fmt: skip
 
 
 class PlainDiTBlock(nn.Module):
@@ -220,8 +258,18 @@ class DiT(_Stack):
 
     block_cls = DiTBlock
 
+    def _apply(self, fn, recurse=True):
+        """The RoPE tables follow the model to a device but stay float32 (`ops.apply_rope` computes in float32:
+        tables cast to bf16 would lose precision and cost a cast back on every call); rebuilt from the config."""
+        super()._apply(fn, recurse)
+        tables = rope_tables_for(self.cfg) if self.rope_cos is not None else None
+        if tables is not None and self.rope_cos.dtype != torch.float32:
+            self.rope_cos, self.rope_sin = (t.to(self.rope_cos.device) for t in tables)
+        return self
+
     def _final_norm(self, x, shift, scale):
-        return ops.modulate(ops.layer_norm(x, eps=self.cfg.eps), shift, scale)
+        f = direct.direct(x.device, x.numel(), _CALLS_FINAL) if direct.usable() else _CHECKED
+        return f.modulate(f.layer_norm(x, None, None, self.cfg.eps), shift, scale)
 
 
 class PlainDiT(_Stack):

@@ -75,8 +75,11 @@ def check_gated_residual_inputs(x: torch.Tensor, h: torch.Tensor, gate: torch.Te
 def _grouped(x: torch.Tensor, *params: torch.Tensor):
     """x as [G, R, C] (a view where one exists) and each parameter (all of one shape) as [G, 1, C], all in their own
     dtypes, to broadcast row-wise."""
-    if x.dim() == 3 and params[0].dim() == 2 and params[0].shape[0] == x.shape[0]:  # the common [B, C]: views only
-        return x, *[p.unsqueeze(1) for p in params]  # unsqueeze: a third of p[:, None]'s host time
+    if x.dim() == 3 and params[0].shape[0] == x.shape[0]:
+        if params[0].dim() == 2:  # the common [B, C]: views only
+            return x, *[p.unsqueeze(1) for p in params]  # unsqueeze: a third of p[:, None]'s host time
+        if params[0].dim() == 3:  # [B, 1, C] (check_param's only 3-D form for x [B, N, C]): as it is
+            return (x, *params)
     n_groups, rows_per_group = groups(x, params[0])
     c = x.shape[-1]
     return x.reshape(n_groups, rows_per_group, c), *(p.reshape(n_groups, 1, c) for p in params)
