@@ -3,8 +3,9 @@ of the DiT stack spends its time, ours against the plain twin, side by side.
 
 Per token count and form: aten ops dispatched per forward (a TorchDispatchMode count, by op), device kernels per
 forward (torch.profiler), host time per forward (the forward's own wall time with launches left asynchronous, then
-one sync outside the clock), and latency (CUDA events around forward + sync: the larger of host and GPU time). Then
-the top host-time functions of ours (cProfile) so the next change aims at the biggest.
+one sync outside the clock), and latency (CUDA events around forward + sync: the larger of host and GPU time). On a
+GPU, the kernels that take the most time in either form, side by side (torch.profiler). Then the top host-time
+functions of ours (cProfile) so the next change aims at the biggest.
 
 Run: PYTHONPATH=src python benchmarks/dit_eager.py [--device cuda] [--tokens 1024,4096] [--config dit_3072]
   [--depth 4]. CPU defaults: dit_s, depth 2, 64 tokens, fp32.
@@ -71,6 +72,33 @@ def kernels(fn, device: str) -> int:
     return sum(1 for e in prof.events() if getattr(e, "device_type", None) and kind in str(e.device_type).lower())
 
 
+def kernel_times(fn, reps: int = 5) -> dict[str, tuple[int, float]]:
+    """GPU kernels of `reps` forwards by name: (launches per forward, µs per forward), from torch.profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if "cuda" not in str(getattr(e, "device_type", "")).lower():
+            continue
+        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        out[e.key] = (e.count // reps, total / reps)
+    return out
+
+
+def print_kernel_table(plain: dict, ours: dict, top: int = 14) -> None:
+    """The kernels that take the most GPU time in either form, side by side, and the totals."""
+    names = sorted(set(plain) | set(ours), key=lambda k: -max(plain.get(k, (0, 0))[1], ours.get(k, (0, 0))[1]))
+    print(f"        {'GPU kernel':<72} {'plain n':>7} {'plain us':>9} {'ours n':>7} {'ours us':>9}")
+    for k in names[:top]:
+        (pn, pt), (on, ot) = plain.get(k, (0, 0.0)), ours.get(k, (0, 0.0))
+        print(f"        {k[:72]:<72} {pn:>7} {pt:>9.1f} {on:>7} {ot:>9.1f}")
+    tp, to = sum(t for _, t in plain.values()), sum(t for _, t in ours.values())
+    print(f"        {'all kernels':<72} {sum(n for n, _ in plain.values()):>7} {tp:>9.1f} "
+          f"{sum(n for n, _ in ours.values()):>7} {to:>9.1f}")  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -108,6 +136,8 @@ def main() -> int:
                 ops, k, host, lat, _ = res[form]
                 ratio = f"{res['plain'][3] / lat:.3f}x" if form == "ours" else ""
                 print(f"{n:>7} {form:<6} {ops:>9} {k:>8} {host:>9.0f} {lat:>11.3f} {ratio:>11}")
+            if gpu:  # where each form's GPU time goes, kernel by kernel
+                print_kernel_table(*(kernel_times(lambda m=m, x=x, c=c: m(x, c)) for m in (plain, ours)))
             extra = res["ours"][4] - res["plain"][4]
             print(f"        ops ours has more of: {dict(extra.most_common(8))}")
             prof = cProfile.Profile()
