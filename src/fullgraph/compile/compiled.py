@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
+from fullgraph import replay
 from fullgraph.compile.choice import read_choice
 from fullgraph.compile.dynamic import DynamicSpec, check_dynamic_spec, declare_dynamic
 from fullgraph.compile.options import Resolved, resolve
@@ -153,6 +154,10 @@ class CompiledModel(nn.Module):
                 stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
             if self._parts is not None and not self._eager:
                 stack.enter_context(self._parts.installed())
+            # the whole model (or its regional blocks) replayed from CUDA graphs, which ops may trade for (replay.py);
+            # a plan's parts each say it for themselves
+            if self._resolved.replays_cuda_graphs and not self._eager and not (self._parts and self._parts.parts):
+                stack.enter_context(replay.replayed())
             if self._trace is not None:
                 stack.enter_context(self._trace.active())
             if self._around is not None:

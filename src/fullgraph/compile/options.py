@@ -49,6 +49,14 @@ class Resolved:
     options: dict[str, Any] = field(default_factory=dict)  # Inductor options, the mode's expansion included
     dynamo: dict[str, Any] = field(default_factory=dict)  # Dynamo config applied around this model's calls
 
+    @property
+    def replays_cuda_graphs(self) -> bool:
+        """Does this configuration run its compiled code from CUDA graphs (reduce-overhead, max-autotune, the
+        triton.cudagraphs option, the cudagraphs backend)?"""
+        return self.backend == "cudagraphs" or (
+            self.backend == "inductor" and bool(self.options.get("triton.cudagraphs"))
+        )
+
     def compile_kwargs(self) -> dict[str, Any]:
         """Arguments for torch.compile. The mode travels as its expanded options (torch refuses mode and options
         together), so `options` is the single source of what Inductor was told."""

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fullgraph import replay
 from fullgraph.compile.dynamic import check_dynamic_spec, declare_dynamic
 from fullgraph.compile.graphs import GraphedCall
 from fullgraph.compile.options import Resolved, resolve
@@ -212,8 +213,13 @@ def _scoped(compiled: Callable, module: nn.Module, part: PlannedPart, tracker: T
     """The compiled call with this part's Dynamo config, declared dims and stats around it."""
     dynamo = part.resolved.dynamo
 
+    graphed = part.resolved.replays_cuda_graphs  # what ops may trade for it (fullgraph.replay)
+
     def call(*args: Any, **kwargs: Any) -> Any:
-        with torch._dynamo.config.patch(dynamo) if dynamo else contextlib.nullcontext():
+        with (
+            torch._dynamo.config.patch(dynamo) if dynamo else contextlib.nullcontext(),
+            replay.replayed() if graphed else contextlib.nullcontext(),
+        ):
             if part.dynamic:
                 declare_dynamic(module, args, kwargs, part.dynamic)
             tracker.begin()

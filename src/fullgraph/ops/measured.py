@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from fullgraph import replay
+
 # GPU name (torch.cuda.get_device_name) -> {op: "native" | "kernel"}, each entry with its in-graph measurement on
 # that GPU; a GPU not listed runs every op's native form under torch.compile.
 COMPILED_CHOICE: dict[str, dict[str, str]] = {
@@ -36,7 +38,8 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
 # mode (x: 788 x 768 = 0.6M elements, host-bound) ran 3.619 ms with it against 2.490 ms without, while under CUDA
 # graphs it was faster (0.626 against 0.675 ms; benchmarks/results/vit_probe_h200.txt). The smallest measured win
 # in default mode is the DiT's x at 1024 tokens (1024 x 3072 = 3.1M elements: 0.970x against 0.940x plain), so
-# the line sits between: 2**21.
+# the line sits between: 2**21. The floor is host time, which CUDA graphs pay once at capture: code traced for a
+# model that `fullgraph.compile` replays from CUDA graphs (`fullgraph.replay`) takes the kernel at every size.
 COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {"NVIDIA H200": {"linear_gelu": 1 << 21}}
 
 
@@ -63,7 +66,7 @@ def compiled_choice(op: str, device: torch.device | None = None, numel: int | No
     name = gpu_name(device.index)
     choice = COMPILED_CHOICE.get(name, {}).get(op, "native")
     floor = COMPILED_KERNEL_MIN_NUMEL.get(name, {}).get(op)
-    if choice == "kernel" and floor is not None and not _known_at_least(numel, floor):
+    if choice == "kernel" and floor is not None and not _known_at_least(numel, floor) and not replay.under_graphs():
         return "native"
     return choice
 

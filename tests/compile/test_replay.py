@@ -1,0 +1,53 @@
+"""fullgraph.replay: fullgraph.compile tells traced code when its calls replay CUDA graphs, and ops' compiled choices
+that trade host time for GPU time (linear_gelu's epilogue below its size floor) follow it."""
+
+import pytest
+import torch
+from torch import nn
+
+import fullgraph
+from fullgraph import replay
+from fullgraph.ops import measured
+
+
+class Says(nn.Module):
+    """x + 1 where the code traced for it will replay CUDA graphs, x - 1 otherwise."""
+
+    def forward(self, x):
+        return x + (1.0 if replay.under_graphs() else -1.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "graphs"),
+    [
+        ({"mode": "reduce-overhead"}, True),
+        ({"mode": "default"}, False),
+        ({"options": {"triton.cudagraphs": True}}, True),
+        ({"plan": {"inner": {"mode": "reduce-overhead"}}}, True),
+        ({"plan": {"inner": "dev"}}, False),
+    ],
+)
+def test_compiled_code_is_traced_knowing_whether_cuda_graphs_replay_it(kwargs, graphs):
+    torch._dynamo.reset()
+    model = nn.Sequential()
+    model.inner = Says()
+    x = torch.randn(5)
+    # On the CPU, Inductor's CUDA graph trees skip the graph and run the code: the trace is what is checked.
+    out = fullgraph.compile(model, **kwargs)(x)
+    torch.testing.assert_close(out, x + (1.0 if graphs else -1.0))
+    assert replay.under_graphs() is False  # only around the model's calls
+    assert torch.equal(model(x), x - 1.0)  # and not around the model itself, called eagerly
+
+
+def test_linear_gelu_takes_its_epilogue_below_the_floor_only_under_cuda_graphs(monkeypatch):
+    monkeypatch.setattr(measured, "gpu_name", lambda index: "NVIDIA H200")
+    gpu = torch.device("cuda", 0)
+    small, large = 788 * 768, 1024 * 3072  # ViT-B/16's x at batch 4; the DiT's at 1024 tokens
+    assert measured.compiled_choice("linear_gelu", gpu, small) == "native"
+    assert measured.compiled_choice("linear_gelu", gpu, large) == "kernel"
+    with replay.replayed():
+        assert measured.compiled_choice("linear_gelu", gpu, small) == "kernel"
+        assert measured.compiled_choice("layer_norm", gpu, large) == "native"  # no measurement: native still
+        with replay.replayed(False):
+            assert measured.compiled_choice("linear_gelu", gpu, small) == "native"
+    assert measured.compiled_choice("linear_gelu", torch.device("cpu"), large) == "native"
