@@ -10,8 +10,8 @@ dtype=...)`: what the library recommends, next to plain torch.compile). Per vari
 the compiled ones), peak memory of one call, latency median with p20 / p80 (CUDA events or the CPU clock),
 throughput, speed-up over the reference's eager fp32 ("x eager fp32"), and the relative (Frobenius) error of the
 logits against the reference's eager fp32 output. With --breakdown, where the GPU time goes (torch.profiler, kernel
-classes) for the reference and ours, compiled in the first mode, and for ours under the first preset. A progress
-line per variant goes to stderr (seconds since the start, the batch, what is compiled or timed).
+classes, then the top kernels) for the reference and ours, compiled in the first mode, and for ours under the first
+preset. A progress line per variant goes to stderr (seconds since the start, the batch, what is compiled or timed).
 
 Defaults: on a GPU ViT-B/16 at batch 1, 4 and 256, bf16, modes default and reduce-overhead, presets perception
 (reduce-overhead, CUDA graphs, fullgraph=True) and dev; on the CPU a small ViT (dim 192, 2 blocks, 64x64 images)
@@ -162,10 +162,16 @@ def run(args) -> tuple[list[Result], str]:
                 classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
                 table.append([point, "  where the time goes", b.kernel_ms] + [None] * 6)
                 table.append([point, f"    {classes}"] + [None] * 7)
+                for k in b.top[:TOP_KERNELS]:  # the kernels behind the classes: what a change would aim at
+                    where = f" ({k.source[:40]})" if k.source else ""
+                    table.append([point, f"      {k.cls} {k.ms:.4f} x{k.calls} {k.name[:56]}{where}"] + [None] * 7)
                 rows += make_rows("vit", point, name, {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}, params)
     headers = ["point", "variant", "ms", "p20-p80", "img/s", "x eager fp32", "first call s", "peak MiB",
                "rel err vs fp32"]  # fmt: skip
     return rows, f"reference: {label}\n" + format_table(headers, table)
+
+
+TOP_KERNELS = 8  # kernels listed under each profiled row (--breakdown)
 
 
 def _mode(mode: str) -> str | None:
