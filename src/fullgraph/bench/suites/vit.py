@@ -162,13 +162,26 @@ def run(args) -> tuple[list[Result], str]:
                 classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
                 table.append([point, "  where the time goes", b.kernel_ms] + [None] * 6)
                 table.append([point, f"    {classes}"] + [None] * 7)
+                rates = [k for k in b.classes if k.rate is not None and k.name in ("gemm", "attention")]
+                if rates:  # the GEMMs' and attention's achieved rate, and its share of the measured ceiling
+                    table.append([point, "    " + ", ".join(_rate_text(k) for k in rates)] + [None] * 7)
                 for k in b.top[:TOP_KERNELS]:  # the kernels behind the classes: what a change would aim at
                     where = f" ({k.source[:40]})" if k.source else ""
                     table.append([point, f"      {k.cls} {k.ms:.4f} x{k.calls} {k.name[:56]}{where}"] + [None] * 7)
-                rows += make_rows("vit", point, name, {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}, params)
+                metrics = {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}
+                metrics.update({f"class_rate_{k.name}": (k.rate, k.unit) for k in rates})
+                metrics.update({f"class_pct_of_ceiling_{k.name}": (k.pct_of_ceiling, "%") for k in rates
+                                if k.pct_of_ceiling is not None})  # fmt: skip
+                rows += make_rows("vit", point, name, metrics, params)
     headers = ["point", "variant", "ms", "p20-p80", "img/s", "x eager fp32", "first call s", "peak MiB",
                "rel err vs fp32"]  # fmt: skip
     return rows, f"reference: {label}\n" + format_table(headers, table)
+
+
+def _rate_text(k) -> str:
+    """ "gemm 712 TFLOP/s (90% of the measured ceiling)" for a kernel class with a counted rate."""
+    share = f" ({k.pct_of_ceiling:.0f}% of the measured ceiling)" if k.pct_of_ceiling is not None else ""
+    return f"{k.name} {k.rate:.0f} {k.unit}{share}"
 
 
 TOP_KERNELS = 8  # kernels listed under each profiled row (--breakdown)
