@@ -6,7 +6,8 @@ from pathlib import Path
 import fullgraph
 
 SRC = Path(fullgraph.__file__).parent
-FLOOR = {"env", "errors", "timing", "_capture", "_paths", "_files", "_version"}
+# replay: whether traced code will replay from CUDA graphs, said by compile and read by ops (fullgraph/replay.py)
+FLOOR = {"env", "errors", "timing", "replay", "_capture", "_paths", "_files", "_version"}
 # What each package may import besides the floor (DESIGN.md, Layers); cli may import anything.
 ALLOWED = {
     "diagnose": {"compile", "bench", "models", "ops"},
@@ -38,4 +39,10 @@ def test_every_import_between_packages_points_down():
         for path in sorted((SRC / package).rglob("*.py")):
             for target in imported_packages(path) - FLOOR - allowed - {package}:
                 wrong.append(f"{path.relative_to(SRC)} imports fullgraph.{target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_floor_imports_only_the_floor():
+    wrong = [f"{name}.py imports fullgraph.{target}" for name in sorted(FLOOR) if (SRC / f"{name}.py").exists()
+             for target in imported_packages(SRC / f"{name}.py") - FLOOR]  # fmt: skip
     assert not wrong, "\n".join(wrong)
