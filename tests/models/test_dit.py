@@ -187,3 +187,47 @@ def test_rope_tables_follow_the_device_but_stay_float32():
     assert model.blocks[0].qkv.weight.dtype == torch.bfloat16
     plain = PlainDiT(cfg).to(torch.bfloat16)  # the twin keeps what users' code does: tables in the model's dtype
     assert plain.rope_cos.dtype == torch.bfloat16
+
+
+def compiled_counts(model, x, c, **compile_kwargs):
+    """A fresh compile of `model` called once under no_grad: its output and the traced op-policy counts."""
+    torch._dynamo.reset()
+    before = dict(ops.counters)
+    with torch.no_grad():
+        out = torch.compile(model, fullgraph=True, backend="aot_eager", **compile_kwargs)(x, c)
+    counts = {k: v - before.get(k, 0) for k, v in ops.counters.items() if k[1] == "compiled" and v != before.get(k, 0)}
+    return out, counts
+
+
+@pytest.mark.parametrize("policy", ["native", "kernel"])
+def test_compiled_inference_traces_the_direct_forms_as_the_checked_ops_would(policy, triton_device, monkeypatch):
+    # Under torch.compile the blocks resolve their plan once (a constant to the trace: fewer guards per call) and
+    # skip the per-op checks; the graph must compute what the checked ops' graph computes, and count alike.
+    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=3)
+    x, c = torch.randn(2, 21, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    with ops.policy(all=policy):
+        direct_out, direct_counts = compiled_counts(model, x, c)
+        monkeypatch.setattr(direct, "usable", lambda: False)
+        checked_out, checked_counts = compiled_counts(model, x, c)
+    torch.testing.assert_close(direct_out, checked_out, rtol=1e-6, atol=1e-6)
+    assert direct_counts == checked_counts
+    assert {impl for (op, _, impl) in direct_counts if op != "attention"} == {policy}
+
+
+def test_a_policy_change_recompiles_the_direct_forms(triton_device):
+    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=4)
+    x, c = torch.randn(1, 9, SMALL["dim"]), torch.randn(1, SMALL["dim"])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    seen = []
+    for policy in ("native", "kernel", "native"):
+        before = dict(ops.counters)
+        with ops.policy(all=policy), torch.no_grad():
+            out = compiled(x, c)
+        traced = {
+            k[2] for k, v in ops.counters.items() if k[1] == "compiled" and k[0] == "modulate" and v > before.get(k, 0)
+        }
+        seen.append(traced)
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x, c), rtol=1e-5, atol=1e-5)
+    assert seen == [{"native"}, {"kernel"}, set()]  # the third call reuses the first graph: no new trace

@@ -163,9 +163,9 @@ class DiTBlock(nn.Module):
 
 
 # A block's calls of each op, for `ops.direct`'s counts (attention counts its own).
-_CALLS = (("layer_norm", 2), ("modulate", 2), ("rms_norm", 2), ("gated_residual", 2), ("linear_gelu", 1))
-_CALLS_ROPE = (*_CALLS, ("rope", 2))
-_CALLS_FINAL = (("layer_norm", 1), ("modulate", 1))
+_CALLS = "layer_norm:2,modulate:2,rms_norm:2,gated_residual:2,linear_gelu:1"
+_CALLS_ROPE = _CALLS + ",rope:2"
+_CALLS_FINAL = "layer_norm:1,modulate:1"
 
 
 def _norm_module(module, x):

@@ -18,14 +18,17 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fullgraph import env, replay
+from fullgraph.errors import FullgraphError
 from fullgraph.ops import attention_backends as _backends
 from fullgraph.ops import measured
 from fullgraph.ops.attention import _resolve as _resolve_attention
-from fullgraph.ops.custom_op import choose, counters
+from fullgraph.ops.attention import compiled_auto, policy_backend
+from fullgraph.ops.custom_op import choose, counters, kernel_runs_on
 from fullgraph.ops.linear import linear_gelu_kernel, linear_gelu_native
 from fullgraph.ops.modulation import gated_residual_kernel, gated_residual_native, modulate_kernel, modulate_native
 from fullgraph.ops.norms import layer_norm_kernel, layer_norm_native, rms_norm_kernel, rms_norm_native
-from fullgraph.ops.policies import version
+from fullgraph.ops.policies import effective, version
 from fullgraph.ops.rope import rope_kernel, rope_native
 
 
@@ -48,6 +51,18 @@ FORMS = {
 }
 
 
+_parsed: dict[str, tuple[tuple[str, int], ...]] = {}
+
+
+def parse_calls(calls: str) -> tuple[tuple[str, int], ...]:
+    """ "layer_norm:2,modulate:2" -> (("layer_norm", 2), ("modulate", 2)): how often a caller calls each op. A
+    string, so that compiled code guards on one constant, not on every element of a tuple."""
+    found = _parsed.get(calls)
+    if found is None:
+        found = _parsed[calls] = tuple((op, int(n)) for op, _, n in (c.partition(":") for c in calls.split(",")))
+    return found
+
+
 class Direct(NamedTuple):
     """The chosen forms: layer_norm(x, weight, bias, eps), rms_norm(module, x) for an `ops.RMSNorm`, modulate(x, shift,
     scale), gated_residual(x, h, gate), rope(x, cos, sin, interleaved, seq_dim), linear_gelu(x, weight, bias,
@@ -68,8 +83,8 @@ _attention_choice: dict[tuple, tuple[str, bool]] = {}  # key -> (backend, plain 
 
 
 def usable() -> bool:
-    """May a model call `direct`'s functions now: eager, and autograd not recording (inference)?"""
-    return not torch.compiler.is_compiling() and not torch.is_grad_enabled()
+    """May a model call `direct`'s functions now: inference (autograd not recording), eager or traced?"""
+    return not torch.is_grad_enabled()
 
 
 # our SDPA backends -> the SDPBackend value torch's own dispatch reports when it would pick the same kernel
@@ -113,11 +128,14 @@ def attention_bsnd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return out.transpose(1, 2)
 
 
-def direct(device: torch.device, numel: int, calls: tuple[tuple[str, int], ...],
+def direct(device: torch.device, numel: int, calls: str,
            policies: tuple[tuple[str, str | None], ...] = ()) -> Direct:  # fmt: skip
     """The forms each op's policy picks now for a main input of `numel` elements on `device` (`policies`: an
-    instance's own policy per op, as (op, policy) pairs). `calls`, (op, n) pairs, is how often the caller will
-    call each op: counted in `policy.counters` as that many eager calls (attention counts its own)."""
+    instance's own policy per op, as (op, policy) pairs). `calls` ("layer_norm:2,modulate:2", `parse_calls`) is how
+    often the caller will call each op: counted in `policy.counters` as that many eager calls (attention counts its
+    own), or under torch.compile as that many traced calls."""
+    if torch.compiler.is_compiling():
+        return _traced(device, numel, calls, policies)
     small = not measured.eager_kernel_pays(device.type, numel)
     key = (version(), device.type, small, policies)
     plan = _plans.get(key)
@@ -127,6 +145,76 @@ def direct(device: torch.device, numel: int, calls: tuple[tuple[str, int], ...],
         if len(_plans) >= 64:
             _plans.clear()
         plan = _plans[key] = Direct(*(FORMS[op][impl == "kernel"] for op, impl in impls.items()), attention_bsnd, impls)
-    for op, n in calls:
+    for op, n in parse_calls(calls):
         counters[(op, "eager", plan.impls[op])] += n
     return plan
+
+
+# ---- under torch.compile ----------------------------------------------------------------------------------------
+# Dynamo guards what the code it traces reads: every function it inlines (by its code object), every module global,
+# every policy-dict key and table entry looked up, every element of a tuple it iterates. The checked ops trace their
+# argument checks and policy lookups on every call, so a compiled DiT of 4 blocks checked ~140 guards more per call
+# than its plain twin (2-core CPU: ~30 us more host time per call, ~22 us of it guards; at 1024 tokens in default
+# mode the H200 call is host-bound by about as much). Here the plan, attention's backend and the counts are
+# constants to the trace, computed in functions it does not enter, guarded by the policy state's number.
+
+
+@torch.compiler.assume_constant_result
+def _compiled_plan(device_type: str, device_index: int | None, calls: str, policies: tuple, state: int) -> tuple:
+    """(impls, floors): per op of FORMS, "native" or "kernel" and the size floor below which a kernel choice falls
+    back (None: none; the caller applies it, sizes may be symbolic). `custom_op.choose`'s rule with the compiled
+    choice's table entry. Counts `calls` as traced calls. `state`: version(), so a policy change recompiles."""
+    own = dict(policies)
+    impls, floors = [], []
+    for op in FORMS:
+        pol = effective(op, own.get(op))
+        runs = kernel_runs_on(device_type)
+        if pol == "kernel" and not runs:
+            why = env.triton_runs_on(device_type)[1]
+            raise FullgraphError(f"{op}: policy 'kernel' but no kernel can run on {device_type} ({why})")
+        impl, floor = ("native", None) if pol == "native" or not runs else ("kernel", None)
+        if pol not in ("native", "kernel") and runs:
+            impl, floor = measured.table_entry(op, device_type, device_index)
+        impls.append(impl)
+        floors.append(floor)
+    for op, n in parse_calls(calls):
+        counters[(op, "compiled", impls[list(FORMS).index(op)])] += n
+    return tuple(impls), tuple(floors)
+
+
+def _traced(device, numel, calls, policies) -> Direct:
+    impls, floors = _compiled_plan(device.type, device.index, calls, policies, version())
+    kernel = [
+        impl == "kernel" and (floor is None or measured.known_at_least(numel, floor) or replay.under_graphs())
+        for impl, floor in zip(impls, floors, strict=True)
+    ]
+    return Direct(
+        layer_norm_kernel if kernel[0] else layer_norm_native,
+        _rms_norm_kernel if kernel[1] else _rms_norm_native,
+        modulate_kernel if kernel[2] else modulate_native,
+        gated_residual_kernel if kernel[3] else gated_residual_native,
+        rope_kernel if kernel[4] else rope_native,
+        linear_gelu_kernel if kernel[5] else linear_gelu_native,
+        _attention_traced,
+        {},
+    )
+
+
+@torch.compiler.assume_constant_result
+def _attention_backend(spec: tuple, state: int) -> str:
+    """What `ops.attention` resolves for a call described by `spec` (a Spec's fields) while torch.compile traces,
+    counted as one traced call; `state`: version()."""
+    s = _backends.Spec(*spec)
+    backend = policy_backend(s)
+    if backend == "auto":
+        backend = compiled_auto(s, torch.device(s.device_type, s.device_index))
+    counters[("attention", "compiled", backend)] += 1
+    return backend
+
+
+def _attention_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`attention_bsnd` for compiled code: the backend resolved as `ops.attention` resolves it while tracing."""
+    qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    backend = _attention_backend(tuple(_backends.spec_of(qb, kb, None, False)), version())
+    return _backends.run_backend(backend, qb, kb, vb, None, False, scale).transpose(1, 2)

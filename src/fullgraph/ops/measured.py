@@ -63,15 +63,21 @@ def compiled_choice(op: str, device: torch.device | None = None, numel: int | No
     elements; "native" for ops, devices and sizes without a measurement."""
     if device is None or device.type != "cuda":
         return "native"
-    name = gpu_name(device.index)
-    choice = COMPILED_CHOICE.get(name, {}).get(op, "native")
-    floor = COMPILED_KERNEL_MIN_NUMEL.get(name, {}).get(op)
-    if choice == "kernel" and floor is not None and not _known_at_least(numel, floor) and not replay.under_graphs():
+    choice, floor = table_entry(op, device.type, device.index)
+    if choice == "kernel" and floor is not None and not known_at_least(numel, floor) and not replay.under_graphs():
         return "native"
     return choice
 
 
-def _known_at_least(numel: int | torch.SymInt | None, floor: int) -> bool:
+def table_entry(op: str, device_type: str, index: int | None) -> tuple[str, int | None]:
+    """(choice, size floor or None) of `op` on this device from the tables above, the floor not yet applied."""
+    if device_type != "cuda":
+        return "native", None
+    name = gpu_name(index)
+    return COMPILED_CHOICE.get(name, {}).get(op, "native"), COMPILED_KERNEL_MIN_NUMEL.get(name, {}).get(op)
+
+
+def known_at_least(numel: int | torch.SymInt | None, floor: int) -> bool:
     """Is `numel` known to be at least `floor` for every size the graph serves? A symbolic size (a dynamic dim) is
     decided without a guard (`statically_known_true`, which Dynamo evaluates against the dim's range), since a guard
     would specialize the dim: a ConstraintViolationError under a declared range, a recompile per size otherwise.
