@@ -5,9 +5,10 @@ the kernel. Inside a model whose tensors are all its own (made from inputs it ch
 every op of every block, and on a host-bound call (a DiT at 1024 tokens on the H200) that host time is the latency.
 `direct(device, numel)` returns the implementations every op's policy picks now, for a main input of `numel`
 elements on `device`, chosen as `fullgraph.ops` chooses them (`custom_op.choose`, the same size rule) and counted
-in `policy.counters` the same way, one count per call. The functions take the ops' own arguments but no checks:
-only for eager inference (`usable()`), never under torch.compile (whose graphs must see the checked ops, which
-trace) or when autograd records.
+in `policy.counters` the same way, one count per call. The functions take the ops' own arguments but no checks,
+for inference only (`usable()`: autograd not recording). Under torch.compile the same plan is a constant to the
+trace (see the section below): the checked ops would put a guard on every function, global and policy key they
+read, which Dynamo checks on every call.
 """
 
 from __future__ import annotations
