@@ -8,9 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fullgraph import ops
 from fullgraph.errors import UsageError
 from fullgraph.models import AutoDrivingViT, PlainViT, ViT, load_timm_state_dict, vit_b16, vit_l16, vit_small, vit_tiny
 from fullgraph.models.vit import config
+from fullgraph.ops import direct
 from tests.skips import requires_cuda
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2, "patch": 8, "num_classes": 7}
@@ -271,3 +273,48 @@ def test_bf16_error_against_timms_fp32_is_within_timms_own_bf16_error():
         timm_err = err(ref.to(torch.bfloat16)(img.bfloat16()))
         for fn in (ours, torch.compile(ours, fullgraph=True)):
             assert err(fn(img.bfloat16())) <= 1.1 * timm_err, timm_err
+
+
+def policy_counts(run):
+    """run() and the op-policy counts it added: {(op, "eager" | "compiled", impl): n}."""
+    before = dict(ops.counters)
+    out = run()
+    return out, {k: v - before.get(k, 0) for k, v in ops.counters.items() if v != before.get(k, 0)}
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("policy", ["native", "kernel"])
+def test_inference_blocks_call_the_chosen_forms_directly_as_the_checked_modules_compute(
+    policy, compiled, triton_device, monkeypatch
+):
+    cfg = config("vit_tiny", **SMALL, img_size=(24, 40), gelu="tanh")
+    model = loaded(ViT, cfg, timm_state_dict(cfg))
+    img = torch.randn(2, 3, *cfg.img_size)
+
+    def run():
+        torch._dynamo.reset()
+        fn = torch.compile(model, fullgraph=True, backend="aot_eager") if compiled else model
+        with torch.no_grad():
+            return fn(img)
+
+    with ops.policy(all=policy):
+        direct_out, direct_counts = policy_counts(run)
+        monkeypatch.setattr(direct, "usable", lambda: False)  # the checked modules, as when autograd records
+        checked_out, checked_counts = policy_counts(run)
+    torch.testing.assert_close(direct_out, checked_out, rtol=1e-6, atol=1e-6)
+    assert direct_counts == checked_counts
+    assert {impl for (op, _, impl) in direct_counts if op != "attention"} == {policy}
+
+
+def test_a_customized_block_takes_its_own_modules():
+    cfg = config("vit_tiny", **SMALL)
+    model = loaded(ViT, cfg, timm_state_dict(cfg))
+    img = torch.randn(1, 3, *cfg.img_size)
+    with torch.no_grad():
+        expected = model(img)
+    model.blocks[0].attn.backend = "sdpa-math"  # pinned: the direct path would not honour it
+    with torch.no_grad():
+        out, counts = policy_counts(lambda: model(img))
+    assert counts[("attention", "eager", "sdpa-math")] == 1  # block 0 ran its own module
+    assert sum(n for (op, _, impl), n in counts.items() if op == "attention" and impl != "sdpa-math") == 1
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -31,6 +31,7 @@ from torch import nn
 
 from fullgraph import ops
 from fullgraph.errors import UsageError
+from fullgraph.ops import direct
 
 
 @dataclass(frozen=True)
@@ -192,8 +193,36 @@ class Block(nn.Module):
         self.mlp = self.mlp_cls(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))  # x: [B, 1 + N, D]
-        return x + self.mlp(self.norm2(x))
+        n1, n2, attn, mlp = self.norm1, self.norm2, self.attn, self.mlp
+        policy = n1.policy
+        if not direct.usable() or n2.policy != policy or not _plain_attention(attn):
+            x = x + attn(n1(x))  # x: [B, 1 + N, D]; the checked ops (autograd records, or a customized block)
+            return x + mlp(n2(x))
+        # Inference: each op's form chosen once per block and called without per-op checks (`ops.direct`: less
+        # host time eager, fewer guards compiled), computing what the modules above compute.
+        f = direct.direct(x.device, x.numel(), _CALLS, (("layer_norm", policy),) if policy else ())
+        q, k, v = attn.qkv(f.layer_norm(x, n1.weight, n1.bias, n1.eps)).unflatten(-1, (3, attn.heads, -1)).unbind(2)
+        x = x + attn.proj(f.attention(q, k, v).flatten(2))  # q, k, v: [B, 1 + N, H, D]
+        h = f.layer_norm(x, n2.weight, n2.bias, n2.eps)
+        return x + mlp.fc2(f.linear_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.approximate))
+
+
+_CALLS = "layer_norm:2,linear_gelu:1"  # a block's calls of each op, for `ops.direct`'s counts
+
+
+def _plain_attention(attn: nn.Module) -> bool:
+    """Is `attn` an `ops.Attention` as the block builds it (what the direct path computes): no norm, RoPE or pin?
+    (A subclass's own attention module, as the robot's vision blocks have, runs as it is.)"""
+    if not isinstance(attn, ops.Attention):
+        return False
+    plain_qk = isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)
+    return (
+        plain_qk
+        and isinstance(attn.rope, nn.Identity)
+        and attn.backend is None
+        and not attn.causal
+        and (attn.kv_heads == attn.heads)
+    )
 
 
 class PlainBlock(Block):
@@ -202,6 +231,10 @@ class PlainBlock(Block):
     norm_cls = nn.LayerNorm
     attn_cls = PlainAttention
     mlp_cls = PlainMlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))  # x: [B, 1 + N, D]
+        return x + self.mlp(self.norm2(x))
 
 
 class ViT(nn.Module):
