@@ -8,7 +8,7 @@ from fullgraph import env, ops
 from fullgraph.errors import UsageError
 from fullgraph.models import DiT, PlainDiT, dit
 from fullgraph.models.dit import config, rope_tables_for, rotate_half_rope, video_split
-from fullgraph.ops import direct, modulation
+from fullgraph.ops import direct, measured, modulation
 from tests.skips import requires_cuda
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2}
@@ -231,3 +231,20 @@ def test_a_policy_change_recompiles_the_direct_forms(triton_device):
         with torch.no_grad():
             torch.testing.assert_close(out, model(x, c), rtol=1e-5, atol=1e-5)
     assert seen == [{"native"}, {"kernel"}, set()]  # the third call reuses the first graph: no new trace
+
+
+def test_compiled_counts_follow_a_kernel_entry_below_its_size_floor(triton_device, monkeypatch):
+    # A measured "kernel" entry with a size floor above this input: both paths run and count the native form.
+    real = measured.table_entry
+    monkeypatch.setattr(
+        measured, "table_entry", lambda op, *a: ("kernel", 1 << 40) if op == "linear_gelu" else real(op, *a)
+    )
+    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=5)
+    x, c = torch.randn(1, 9, SMALL["dim"]), torch.randn(1, SMALL["dim"])
+    with ops.policy(all="native", linear_gelu="auto"):
+        direct_out, direct_counts = compiled_counts(model, x, c)
+        monkeypatch.setattr(direct, "usable", lambda: False)
+        checked_out, checked_counts = compiled_counts(model, x, c)
+    assert direct_counts[("linear_gelu", "compiled", "native")] == SMALL["depth"]
+    assert direct_counts == checked_counts
+    torch.testing.assert_close(direct_out, checked_out, rtol=1e-6, atol=1e-6)

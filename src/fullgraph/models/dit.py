@@ -152,9 +152,9 @@ class DiTBlock(nn.Module):
         return f.gated_residual(x, self.fc2(f.linear_gelu(h, self.fc1.weight, self.fc1.bias, "tanh")), gate2)
 
     def _forms(self, x, rope: bool):
-        """The ops this call runs: in eager inference each op's chosen form called directly (`ops.direct`: the
-        block's tensors are its own, made from inputs the stack checked, so the per-op checks and policy lookups
-        are only host time), else the checked ops of `fullgraph.ops`, which torch.compile traces."""
+        """The ops this call runs: in inference each op's chosen form called directly (`ops.direct`: the block's
+        tensors are its own, made from inputs the stack checked, so the per-op checks and policy lookups are only
+        host time eager and guards compiled), else (autograd records) the checked ops of `fullgraph.ops`."""
         policy = self.q_norm.policy
         if not direct.usable() or policy != self.k_norm.policy:
             return _CHECKED

@@ -36,21 +36,28 @@ _FUNCTIONAL: dict = {}  # the functional forms' eager choices, as CustomOp insta
 _CACHE_MAX = 64  # a choice cache holds this many (policy state, device, size class) entries before it starts over
 
 
+def decided(op: str, instance_policy: str | None, device_type: str) -> str:
+    """What the policy alone decides for `op` on `device_type`: "native", "kernel", or "auto" (a kernel runs here and
+    the choice is left to measurements). A "kernel" policy where no kernel can run is an error."""
+    pol = effective(op, instance_policy)
+    if pol == _NATIVE:
+        return "native"
+    runs = kernel_runs_on(device_type)
+    if pol == _KERNEL:
+        if not runs:
+            why = env.triton_runs_on(device_type)[1]
+            raise FullgraphError(f"{op}: policy 'kernel' but no kernel can run on {device_type} ({why})")
+        return "kernel"
+    return "auto" if runs else "native"
+
+
 def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool, small: bool = False,
            numel: int | None = None) -> str:  # fmt: skip
     """ "native" or "kernel" for one call of `op` on `device` (`small`: an eager input below the size where a
     kernel pays, `measured.eager_kernel_pays`; `numel`: the main input's size, for the compiled choice)."""
-    pol = effective(op, instance_policy)
-    if pol == _NATIVE:
-        return "native"
-    runs = kernel_runs_on(device.type)
-    if pol == _KERNEL:
-        if not runs:
-            why = env.triton_runs_on(device.type)[1]
-            raise FullgraphError(f"{op}: policy 'kernel' but no kernel can run on {device.type} ({why})")
-        return "kernel"
-    if not runs:
-        return "native"
+    pol = decided(op, instance_policy, device.type)
+    if pol != "auto":
+        return pol
     if compiling:
         return measured.compiled_choice(op, device, numel)
     return "native" if small else "kernel"

@@ -19,17 +19,15 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fullgraph import env, replay
-from fullgraph.errors import FullgraphError
 from fullgraph.ops import attention_backends as _backends
 from fullgraph.ops import measured
 from fullgraph.ops.attention import _resolve as _resolve_attention
 from fullgraph.ops.attention import compiled_auto, policy_backend
-from fullgraph.ops.custom_op import choose, counters, kernel_runs_on
+from fullgraph.ops.custom_op import choose, counters, decided
 from fullgraph.ops.linear import linear_gelu_kernel, linear_gelu_native
 from fullgraph.ops.modulation import gated_residual_kernel, gated_residual_native, modulate_kernel, modulate_native
 from fullgraph.ops.norms import layer_norm_kernel, layer_norm_native, rms_norm_kernel, rms_norm_native
-from fullgraph.ops.policies import effective, version
+from fullgraph.ops.policies import version
 from fullgraph.ops.rope import rope_kernel, rope_native
 
 
@@ -161,34 +159,32 @@ def direct(device: torch.device, numel: int, calls: str,
 
 
 @torch.compiler.assume_constant_result
-def _compiled_plan(device_type: str, device_index: int | None, calls: str, policies: tuple, state: int) -> tuple:
-    """(impls, floors): per op of FORMS, "native" or "kernel" and the size floor below which a kernel choice falls
-    back (None: none; the caller applies it, sizes may be symbolic). `custom_op.choose`'s rule with the compiled
-    choice's table entry. Counts `calls` as traced calls. `state`: version(), so a policy change recompiles."""
+def _compiled_plan(device_type: str, device_index: int | None, policies: tuple, state: int) -> tuple:
+    """((impl, size floor or None), ...) per op of FORMS for compiled code: the policy's decision
+    (`custom_op.decided`), for "auto" the compiled choice's table entry (the floor applied by the caller: sizes may
+    be symbolic). `state`: version(), so a policy change recompiles."""
     own = dict(policies)
-    impls, floors = [], []
+    plan = []
     for op in FORMS:
-        pol = effective(op, own.get(op))
-        runs = kernel_runs_on(device_type)
-        if pol == "kernel" and not runs:
-            why = env.triton_runs_on(device_type)[1]
-            raise FullgraphError(f"{op}: policy 'kernel' but no kernel can run on {device_type} ({why})")
-        impl, floor = ("native", None) if pol == "native" or not runs else ("kernel", None)
-        if pol not in ("native", "kernel") and runs:
-            impl, floor = measured.table_entry(op, device_type, device_index)
-        impls.append(impl)
-        floors.append(floor)
+        pol = decided(op, own.get(op), device_type)
+        plan.append(measured.table_entry(op, device_type, device_index) if pol == "auto" else (pol, None))
+    return tuple(plan)
+
+
+@torch.compiler.assume_constant_result
+def _count_traced(calls: str, impls: tuple) -> bool:
+    """Count `calls` as traced calls of the forms `impls` (per op of FORMS), as the checked ops count theirs."""
+    chosen = dict(zip(FORMS, impls, strict=True))
     for op, n in parse_calls(calls):
-        counters[(op, "compiled", impls[list(FORMS).index(op)])] += n
-    return tuple(impls), tuple(floors)
+        counters[(op, "compiled", chosen[op])] += n
+    return True
 
 
 def _traced(device, numel, calls, policies) -> Direct:
-    impls, floors = _compiled_plan(device.type, device.index, calls, policies, version())
-    kernel = [
-        impl == "kernel" and (floor is None or measured.known_at_least(numel, floor) or replay.under_graphs())
-        for impl, floor in zip(impls, floors, strict=True)
-    ]
+    plan = _compiled_plan(device.type, device.index, policies, version())
+    impls = tuple(measured.with_floor(impl, floor, numel) for impl, floor in plan)
+    _count_traced(calls, impls)
+    kernel = [impl == "kernel" for impl in impls]
     return Direct(
         layer_norm_kernel if kernel[0] else layer_norm_native,
         _rms_norm_kernel if kernel[1] else _rms_norm_native,

@@ -63,7 +63,12 @@ def compiled_choice(op: str, device: torch.device | None = None, numel: int | No
     elements; "native" for ops, devices and sizes without a measurement."""
     if device is None or device.type != "cuda":
         return "native"
-    choice, floor = table_entry(op, device.type, device.index)
+    return with_floor(*table_entry(op, device.type, device.index), numel)
+
+
+def with_floor(choice: str, floor: int | None, numel: int | torch.SymInt | None) -> str:
+    """A table entry's choice for a main input of `numel` elements: "native" for a kernel below its size floor,
+    unless the code traced now replays from CUDA graphs (the floor is host time, `fullgraph.replay`)."""
     if choice == "kernel" and floor is not None and not known_at_least(numel, floor) and not replay.under_graphs():
         return "native"
     return choice
