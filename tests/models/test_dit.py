@@ -9,6 +9,7 @@ from fullgraph.errors import UsageError
 from fullgraph.models import DiT, PlainDiT, dit
 from fullgraph.models.dit import config, rope_tables_for, rotate_half_rope, video_split
 from fullgraph.ops import direct, measured, modulation
+from tests.models._counts import policy_counts
 from tests.skips import requires_cuda
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2}
@@ -131,10 +132,8 @@ def test_bf16_on_the_gpu_matches_the_fp32_plain_twin_compiled_and_eager():
 
 def counted(model, *args):
     """model(*args) under no_grad, and the op-policy counts it added: {(op, "eager", impl): calls}."""
-    before = dict(ops.counters)
     with torch.no_grad():
-        out = model(*args)
-    return out, {k: v - before.get(k, 0) for k, v in ops.counters.items() if v != before.get(k, 0)}
+        return policy_counts(lambda: model(*args))
 
 
 @pytest.mark.parametrize("rope", list(ROPES))
@@ -189,14 +188,12 @@ def test_rope_tables_follow_the_device_but_stay_float32():
     assert plain.rope_cos.dtype == torch.bfloat16
 
 
-def compiled_counts(model, x, c, **compile_kwargs):
+def compiled_counts(model, x, c):
     """A fresh compile of `model` called once under no_grad: its output and the traced op-policy counts."""
     torch._dynamo.reset()
-    before = dict(ops.counters)
     with torch.no_grad():
-        out = torch.compile(model, fullgraph=True, backend="aot_eager", **compile_kwargs)(x, c)
-    counts = {k: v - before.get(k, 0) for k, v in ops.counters.items() if k[1] == "compiled" and v != before.get(k, 0)}
-    return out, counts
+        out, counts = policy_counts(lambda: torch.compile(model, fullgraph=True, backend="aot_eager")(x, c))
+    return out, {k: v for k, v in counts.items() if k[1] == "compiled"}
 
 
 @pytest.mark.parametrize("policy", ["native", "kernel"])

@@ -13,6 +13,7 @@ from fullgraph.errors import UsageError
 from fullgraph.models import AutoDrivingViT, PlainViT, ViT, load_timm_state_dict, vit_b16, vit_l16, vit_small, vit_tiny
 from fullgraph.models.vit import config
 from fullgraph.ops import direct
+from tests.models._counts import policy_counts
 from tests.skips import requires_cuda
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2, "patch": 8, "num_classes": 7}
@@ -273,13 +274,6 @@ def test_bf16_error_against_timms_fp32_is_within_timms_own_bf16_error():
         timm_err = err(ref.to(torch.bfloat16)(img.bfloat16()))
         for fn in (ours, torch.compile(ours, fullgraph=True)):
             assert err(fn(img.bfloat16())) <= 1.1 * timm_err, timm_err
-
-
-def policy_counts(run):
-    """run() and the op-policy counts it added: {(op, "eager" | "compiled", impl): n}."""
-    before = dict(ops.counters)
-    out = run()
-    return out, {k: v - before.get(k, 0) for k, v in ops.counters.items() if v != before.get(k, 0)}
 
 
 @pytest.mark.parametrize("compiled", [False, True])
