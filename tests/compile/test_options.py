@@ -67,3 +67,29 @@ def test_resolved_options_compile_for_real():
     x = torch.randn(3, 4)
     compiled = torch.compile(model, **r.compile_kwargs())
     torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize(
+    "kwargs, graphs_after",
+    [
+        ({"mode": "reduce-overhead"}, ("inductor", False)),
+        ({"options": {"triton.cudagraphs": True}}, ("inductor", False)),
+        ({"backend": "cudagraphs"}, ("eager", None)),
+        ({"mode": "max-autotune-no-cudagraphs"}, None),  # nothing to take out: the same Resolved comes back
+    ],
+)
+def test_without_cuda_graphs_keeps_the_compile_and_drops_only_the_replay(kwargs, graphs_after):
+    resolved = resolve("dev", **kwargs)
+    plain = resolved.without_cuda_graphs()
+    assert not plain.replays_cuda_graphs
+    if graphs_after is None:
+        assert not resolved.replays_cuda_graphs and plain is resolved
+        return
+    assert resolved.replays_cuda_graphs
+    backend, option = graphs_after
+    assert plain.backend == backend and plain.options.get("triton.cudagraphs") is option
+    # everything else the user asked for stays (mode-expanded options other than the graphs, dynamic, fullgraph)
+    assert {k: v for k, v in plain.options.items() if k != "triton.cudagraphs"} == {
+        k: v for k, v in resolved.options.items() if k != "triton.cudagraphs"
+    }
+    assert (plain.dynamic, plain.fullgraph, plain.mode) == (resolved.dynamic, resolved.fullgraph, resolved.mode)

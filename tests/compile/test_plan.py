@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 
 import fullgraph
 from fullgraph.compile import CompileFallbackWarning, Preset, StrictRecompileError, check_plan
+from fullgraph.compile.graphs import GraphedCall
 from fullgraph.compile.regional import has_nested_compile_region
 from fullgraph.errors import UsageError
 
@@ -328,3 +329,18 @@ def test_regional_refusals():
     with pytest.raises(UsageError, match="per-block regional"):
         fullgraph.compile(_Stack(), regional=True, dynamic={"x": {0: (2, 8)}})
     assert counters["frames"]["ok"] == before
+
+
+def test_regional_per_block_with_the_cudagraphs_backend_graphs_the_whole_call_not_each_block():
+    # The cudagraphs backend replays each compiled block from its own CUDA graph, which per-block regions cannot
+    # do (they overwrite each other's outputs): like reduce-overhead, the blocks compile without graphs (backend
+    # "eager") and one GraphedCall holds the whole call.
+    model = _Stack(depth=3)
+    cm = fullgraph.compile(model, Preset("g", mode=None, backend="cudagraphs"), regional=True)
+    assert isinstance(cm._parts.call, GraphedCall), cm._parts
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(cm(x), expected)
+        torch.testing.assert_close(cm(x), expected)
+    assert cm.stats.frames_compiled == 1 and cm.stats.recompiles == ()

@@ -127,7 +127,7 @@ def test_bad_groups_are_refused_before_compiling():
         compile_regions(model, [BlockGroup(Block, ("blocks.0", "blocks.1")), BlockGroup(Mlp, ("blocks.1.mlp",))])
     with pytest.raises(UsageError, match="unknown mechanism"):
         compile_regions(model, mechanism="fast")
-    for kwargs in ({"mode": "reduce-overhead"}, {"options": {"triton.cudagraphs": True}}):
+    for kwargs in ({"mode": "reduce-overhead"}, {"options": {"triton.cudagraphs": True}}, {"backend": "cudagraphs"}):
         with pytest.raises(UsageError, match="per-block regions under CUDA graphs"):
             compile_regions(model, compile_kwargs=kwargs)
     assert all(b._compiled_call_impl is None for b in model.blocks)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -56,6 +56,16 @@ class Resolved:
         return self.backend == "cudagraphs" or (
             self.backend == "inductor" and bool(self.options.get("triton.cudagraphs"))
         )
+
+    def without_cuda_graphs(self) -> Resolved:
+        """The same compile with its code run directly, not replayed from CUDA graphs (for parts that a caller
+        captures in one graph of its own): the cudagraphs backend becomes "eager" (what it replays is the captured
+        graph run as it is), Inductor's triton.cudagraphs option goes off."""
+        if self.backend == "cudagraphs":
+            return replace(self, backend="eager")
+        if self.replays_cuda_graphs:
+            return replace(self, options={**self.options, "triton.cudagraphs": False})
+        return self
 
     def compile_kwargs(self) -> dict[str, Any]:
         """Arguments for torch.compile. The mode travels as its expanded options (torch refuses mode and options

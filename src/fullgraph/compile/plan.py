@@ -37,7 +37,6 @@ block's output feeds the next call of it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -251,9 +250,9 @@ def apply_regional(model: nn.Module, resolved: Resolved, mechanism: str) -> Plan
     (installed around calls only). No repeated blocks: a UsageError before anything compiles."""
     if mechanism not in MECHANISMS:
         raise UsageError(f"regional={mechanism!r}: give True, {', '.join(map(repr, MECHANISMS))} or False")
-    graphed = mechanism == "per-block" and bool(resolved.options.get("triton.cudagraphs"))
+    graphed = mechanism == "per-block" and resolved.replays_cuda_graphs
     if graphed:  # the blocks compile without CUDA graphs; one graph holds the whole call (compile.graphs)
-        resolved = dataclasses.replace(resolved, options={**resolved.options, "triton.cudagraphs": False})
+        resolved = resolved.without_cuda_graphs()
     result = compile_regions(model, mechanism=mechanism, compile_kwargs=resolved.compile_kwargs())
     name = "_compiled_call_impl" if mechanism == "per-block" else "forward"
     blocks = [model.get_submodule(p) for p in result.compiled_paths]

@@ -198,8 +198,10 @@ def compile_regions(
         raise UsageError(f"{type(model).__name__} has no repeated blocks to compile as regions; compile it whole")
     _check_groups(model, groups)
     kwargs = dict(compile_kwargs or {})
-    cudagraphs = kwargs.get("mode") in ("reduce-overhead", "max-autotune") or (kwargs.get("options") or {}).get(
-        "triton.cudagraphs"
+    cudagraphs = (
+        kwargs.get("backend") == "cudagraphs"
+        or kwargs.get("mode") in ("reduce-overhead", "max-autotune")
+        or (kwargs.get("options") or {}).get("triton.cudagraphs")
     )
     if mechanism == "per-block" and cudagraphs:
         raise UsageError("per-block regions under CUDA graphs (reduce-overhead) overwrite each other's outputs: "
