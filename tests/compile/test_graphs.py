@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fullgraph
+from fullgraph.compile import Preset
 from fullgraph.compile.graphs import CudaGraphSkipWarning, GraphedCall, _signature
 from tests.compile.test_regional import TinyViT
 from tests.skips import requires_cuda
@@ -99,13 +100,16 @@ def test_a_failed_capture_leaves_the_rng_and_the_stream_usable():
 
 
 @requires_cuda
-def test_regional_per_block_under_perception_captures_one_graph_and_matches_fp64():
+@pytest.mark.parametrize(
+    "preset", ["perception", Preset("graphs", mode=None, backend="cudagraphs")], ids=["perception", "graphs-backend"]
+)
+def test_regional_per_block_under_perception_captures_one_graph_and_matches_fp64(preset):
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = TinyViT(dim=32, depth=4).cuda().eval()
     ref = TinyViT(dim=32, depth=4).double().cuda().eval()
     ref.load_state_dict(model.state_dict())
-    cm = fullgraph.compile(model, "perception", regional=True)
+    cm = fullgraph.compile(model, preset, regional=True)
     xs = [torch.randn(3, 10, 8, device="cuda") for _ in range(4)]
     outs = [cm(x) for x in xs]
     assert "1 captured" in cm.describe(), cm.describe()
