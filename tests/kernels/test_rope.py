@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-import fullgraph.ops.rope  # noqa: F401  (registers torch.ops.fullgraph.rope and its backward)
-from fullgraph.kernels.rope import rope_fwd
+import fullgraph.ops.rope  # noqa: F401  (registers torch.ops.fullgraph.rope, qk_norm_rope and their backwards)
+from fullgraph.kernels.rope import qk_norm_rope_fwd, rope_fwd
 from fullgraph.ops.rope import rope_tables
-from tests.kernels.reference import REL_TOL, assert_close, rel_err
+from tests.kernels.reference import REL_TOL, assert_close, rel_err, rms_norm_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = {"bnsd": 2, "bsnd": 1}
@@ -118,3 +118,92 @@ def test_tolerances_are_tight_enough_to_catch_a_pairing_off_by_one(triton_device
     cos, sin = make_tables(7, 64, triton_device)
     out = rope_fwd(x, cos[:, :31].contiguous(), sin[:, :31].contiguous(), True, 2)
     assert rel_err(out, rope_ref(x, cos, sin, True, 2)) > REL_TOL[torch.float32] * 100
+
+
+# ---- q/k RMSNorm + RoPE in one launch ------------------------------------------------------------------------------
+
+
+def qk_ref(x, weight, eps, cos, sin, interleaved, seq_dim):
+    """RMSNorm then RoPE, both in float64."""
+    return rope_ref(rms_norm_ref(x, weight, eps), cos, sin, interleaved, seq_dim)
+
+
+def make_qk(b, hq, hk, n, d, layout, device, dtype):
+    """q and k with different heads, scales and offsets, so a swapped tensor, weight or eps shows."""
+    return make_x(b, hq, n, d, layout, device, dtype), make_x(b, hk, n, d, layout, device, dtype) * 3 - 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [1, 7, 33])
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (80, 48), (128, 128), (128, 96)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_qk_norm_rope_matches_float64(triton_device, interleaved, layout, head_dim, rotary_dim, seq, dtype):
+    q, k = make_qk(2, 3, 1, seq, head_dim, layout, triton_device, dtype)  # grouped: one k head for three q heads
+    qw, kw = (torch.randn(head_dim, device=triton_device, dtype=dtype) for _ in range(2))
+    cos, sin = make_tables(seq, rotary_dim, triton_device)
+    q_out, k_out = qk_norm_rope_fwd(q, k, qw, kw, cos, sin, 1e-6, 1e-2, interleaved, LAYOUTS[layout])
+    for out, x in ((q_out, q), (k_out, k)):
+        assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_close(q_out, qk_ref(q, qw, 1e-6, cos, sin, interleaved, LAYOUTS[layout]), dtype)
+    assert_close(k_out, qk_ref(k, kw, 1e-2, cos, sin, interleaved, LAYOUTS[layout]), dtype)
+
+
+def test_qk_norm_rope_reads_q_and_k_as_views_of_a_qkv_projection(triton_device):
+    # the DiT's q, k, v: unbound from a [B, N, 3, H, D] projection, strided [B, N, H, D] views; v is not touched
+    qkv = torch.randn(2, 37, 3, 4, 64, device=triton_device, dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    qw, kw = (torch.rand(64, device=triton_device) + 0.5 for _ in range(2))  # float32 weights on bf16 inputs
+    cos, sin = (t.to(triton_device) for t in rope_tables(37, 64))
+    before = v.clone()
+    q_out, k_out = qk_norm_rope_fwd(q, k, qw, kw, cos, sin, 1e-6, 1e-6, False, 1)
+    assert_close(q_out, qk_ref(q, qw, 1e-6, cos, sin, False, 1), torch.bfloat16)
+    assert_close(k_out, qk_ref(k, kw, 1e-6, cos, sin, False, 1), torch.bfloat16)
+    assert torch.equal(qkv[:, :, 2], before)
+
+
+def test_qk_norm_rope_without_weights_and_with_more_k_rows_than_q_rows(triton_device):
+    q, k = make_qk(1, 1, 5, 9, 48, "bnsd", triton_device, torch.float32)  # k's rows outnumber q's: grid by the larger
+    cos, sin = make_tables(9, 32, triton_device)
+    q_out, k_out = qk_norm_rope_fwd(q, k, None, None, cos, sin, 1e-6, 1e-6, True, 2)
+    assert_close(q_out, qk_ref(q, None, 1e-6, cos, sin, True, 2), torch.float32)
+    assert_close(k_out, qk_ref(k, None, 1e-6, cos, sin, True, 2), torch.float32)
+
+
+def test_qk_norm_rope_normalizes_over_the_whole_head_not_the_rotary_part(triton_device):
+    # the pass-through channels count in the mean square: norming only the rotated part is a plausible bug
+    q, k = make_qk(1, 2, 2, 5, 80, "bsnd", triton_device, torch.float32)
+    q[..., 40:] *= 10
+    cos, sin = make_tables(5, 40, triton_device)
+    q_out, _ = qk_norm_rope_fwd(q, k, None, None, cos, sin, 1e-6, 1e-6, False, 1)
+    wrong = torch.cat((qk_ref(q[..., :40], None, 1e-6, cos, sin, False, 1), q[..., 40:].double()), -1)
+    assert rel_err(q_out, wrong) > 0.5
+    assert_close(q_out, qk_ref(q, None, 1e-6, cos, sin, False, 1), torch.float32)
+
+
+def test_qk_norm_rope_empty_sequence(triton_device):
+    q, k = make_qk(2, 3, 3, 0, 64, "bnsd", triton_device, torch.float32)
+    cos, sin = make_tables(0, 64, triton_device)
+    q_out, k_out = qk_norm_rope_fwd(q, k, None, None, cos, sin, 1e-6, 1e-6, False, 2)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_qk_norm_rope_opcheck(triton_device, layout):
+    q, k = make_qk(2, 3, 1, 7, 80, layout, triton_device, torch.bfloat16)
+    qw, kw = (torch.randn(80, device=triton_device, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = make_tables(7, 48, triton_device)
+    args = (
+        q.requires_grad_(),
+        k.requires_grad_(),
+        qw.requires_grad_(),
+        kw,
+        cos,
+        sin,
+        1e-6,
+        1e-5,
+        True,
+        LAYOUTS[layout],
+    )
+    torch.library.opcheck(torch.ops.fullgraph.qk_norm_rope.default, args)

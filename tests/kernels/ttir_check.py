@@ -124,6 +124,20 @@ def cases():
     yield "rms_norm_residual", lambda: rms_norm.rms_norm_residual_fwd.launcher(x, x, w, 1e-6)
     yield "layer_norm", lambda: layer_norm.layer_norm_fwd.launcher(x, w, w, 1e-5)
     yield "rope", lambda: rope.rope_fwd.launcher(q, cos, cos, False, 2)
+    yield "rope interleaved partial", lambda: rope.rope_fwd.launcher(q, cos[:, :40], cos[:, :40], True, 2)
+    # q and k as views of a [B, N, 3, H, D] projection, grouped (fewer k heads), weights in float32
+    qkv = torch.randn(1, 100, 3, 4, 128, **bf16)
+    w32 = torch.randn(128)
+    yield (
+        "qk_norm_rope",
+        lambda: rope.qk_norm_rope_fwd.launcher(
+            qkv[:, :, 0], qkv[:, :, 1, :2], w32, w32, cos, cos, 1e-6, 1e-6, False, 1
+        ),
+    )
+    yield (
+        "qk_norm_rope interleaved partial unweighted",
+        lambda: rope.qk_norm_rope_fwd.launcher(q, kv, None, None, cos[:, :40], cos[:, :40], 1e-6, 1e-6, True, 2),
+    )
     yield "modulate", lambda: modulate.modulate_fwd.launcher(x, shift, shift)
     yield "gated_residual", lambda: modulate.gated_residual_fwd.launcher(x, x, shift)
     for tma, ws in ((False, False), (True, False), (True, True)):

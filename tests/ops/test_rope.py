@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from fullgraph import ops
-from fullgraph.ops.rope import RotaryEmbedding, apply_rope, rope_native, rope_tables
+from fullgraph.ops.rope import RotaryEmbedding, apply_rope, qk_norm_rope, rope_native, rope_tables
 from tests.kernels.reference import assert_close
-from tests.kernels.test_rope import LAYOUTS, make_tables, make_x, rope_ref
+from tests.kernels.test_rope import LAYOUTS, make_qk, make_tables, make_x, qk_ref, rope_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -162,6 +162,93 @@ def bad_inputs():
 
 @pytest.mark.parametrize("case", bad_inputs(), ids=lambda c: c[0])
 def test_bad_input_names_the_argument(case):
+    _, call, message = case
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# ---- qk_norm_rope ------------------------------------------------------------------------------------------------
+
+
+def qk_case(device, dtype=torch.float32, layout="bsnd"):
+    q, k = make_qk(2, 4, 2, 9, 64, layout, device, dtype)
+    qw, kw = (torch.rand(64, device=device, dtype=dtype) + 0.5 for _ in range(2))
+    cos, sin = make_tables(9, 48, device)
+    return q, k, qw, kw, cos, sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_qk_norm_rope_native_matches_float64(layout, dtype):
+    q, k, qw, kw, cos, sin = qk_case("cpu", dtype, layout)
+    with ops.policy(qk_norm_rope="native"):
+        q_out, k_out = qk_norm_rope(q, k, qw, kw, cos, sin, eps=1e-5, interleaved=True, layout=layout)
+    assert_close(q_out, qk_ref(q, qw, 1e-5, cos, sin, True, LAYOUTS[layout]), dtype)
+    assert_close(k_out, qk_ref(k, kw, 1e-5, cos, sin, True, LAYOUTS[layout]), dtype)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_qk_norm_rope_follows_its_policy_and_counts_one_call(triton_device, impl):
+    q, k, qw, kw, cos, sin = qk_case(triton_device, torch.bfloat16)
+    before = dict(ops.counters)
+    with ops.policy(qk_norm_rope=impl):
+        q_out, k_out = qk_norm_rope(q, k, qw, kw, cos, sin, layout="bsnd")
+    added = {key: n - before.get(key, 0) for key, n in ops.counters.items() if n != before.get(key, 0)}
+    assert added == {("qk_norm_rope", "eager", impl): 1}  # one op, not its norms and rotations counted apart
+    assert_close(q_out, qk_ref(q, qw, 1e-6, cos, sin, False, 1), torch.bfloat16)
+    assert_close(k_out, qk_ref(k, kw, 1e-6, cos, sin, False, 1), torch.bfloat16)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_qk_norm_rope_gradients_agree(triton_device, impl):
+    q, k, qw, kw, cos, sin = qk_case(triton_device, layout="bnsd")
+    leaves = [t.requires_grad_() for t in (q, k, qw, kw)]
+    with ops.policy(qk_norm_rope=impl):
+        q_out, k_out = qk_norm_rope(q, k, qw, kw, cos, sin)
+    gq, gk = torch.randn_like(q_out), torch.randn_like(k_out)
+    torch.autograd.backward((q_out, k_out), (gq, gk))
+    refs = [t.detach().double().requires_grad_() for t in leaves]
+    torch.autograd.backward(
+        (qk_ref(refs[0], refs[2], 1e-6, cos, sin, False, 2), qk_ref(refs[1], refs[3], 1e-6, cos, sin, False, 2)),
+        (gq.double(), gk.double()),
+    )
+    for got, ref in zip(leaves, refs, strict=True):
+        assert_close(got.grad, ref.grad, torch.float32, scale=10)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_qk_norm_rope_compiles_without_graph_breaks(triton_device, impl):
+    torch._dynamo.reset()
+    q, k, qw, kw, cos, sin = qk_case(triton_device)
+
+    def f(q, k):
+        return qk_norm_rope(q, k, qw, kw, cos, sin, layout="bsnd")
+
+    with ops.policy(qk_norm_rope=impl):
+        eager = f(q, k)
+        before = ops.counters[("qk_norm_rope", "compiled", impl)]
+        compiled = torch.compile(f, fullgraph=True)(q, k)
+        assert ops.counters[("qk_norm_rope", "compiled", impl)] == before + 1
+        assert torch._dynamo.explain(f)(q, k).graph_break_count == 0
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def qk_bad_inputs():
+    q, k, qw, kw, cos, sin = qk_case("cpu", layout="bnsd")
+    return [
+        ("k_dtype", lambda: qk_norm_rope(q, k.half(), qw, kw, cos, sin), "q and k must have one dtype"),
+        ("k_length", lambda: qk_norm_rope(q, k[:, :, :5], qw, kw, cos, sin), "k must match q in batch, sequence"),
+        ("one_weight", lambda: qk_norm_rope(q, k, qw, None, cos, sin), "give both q_weight and k_weight"),
+        ("weight_shape", lambda: qk_norm_rope(q, k, qw[:32], kw, cos, sin), r"q_weight must have shape \(64,\)"),
+        ("weight_dtype", lambda: qk_norm_rope(q, k, qw, kw.long(), cos, sin), "k_weight must be float32"),
+        ("k_device", lambda: qk_norm_rope(q, k.to("meta"), qw, kw, cos, sin), "k is on meta"),
+        ("cos_length", lambda: qk_norm_rope(q, k, qw, kw, cos[:4], sin), r"cos must have shape \[N, rotary_dim / 2\]"),
+        ("k_ndim", lambda: qk_norm_rope(q, k[0], qw, kw, cos, sin), r"x must be 4-D"),
+    ]
+
+
+@pytest.mark.parametrize("case", qk_bad_inputs(), ids=lambda c: c[0])
+def test_qk_norm_rope_bad_input_names_the_argument(case):
     _, call, message = case
     with pytest.raises(ValueError, match=message):
         call()

@@ -14,7 +14,7 @@ from fullgraph.ops.linear import LinearGELU, linear_gelu
 from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, modulate
 from fullgraph.ops.norms import LayerNorm, RMSNorm, layer_norm, rms_norm
 from fullgraph.ops.policies import Policy, counters, policy, set_policy
-from fullgraph.ops.rope import RotaryEmbedding, apply_rope, rope_tables
+from fullgraph.ops.rope import RotaryEmbedding, apply_rope, qk_norm_rope, rope_tables
 
 _policies.check_env()
 
@@ -37,6 +37,7 @@ __all__ = [
     "linear_gelu",
     "modulate",
     "policy",
+    "qk_norm_rope",
     "register_ops",
     "rms_norm",
     "rope_tables",

@@ -1,4 +1,5 @@
-"""Rotary position embedding: `RotaryEmbedding` for a model, `apply_rope` as a function, `rope_tables`.
+"""Rotary position embedding: `RotaryEmbedding` for a model, `apply_rope` as a function, `rope_tables`; and
+`qk_norm_rope`, the q/k RMSNorm of attention with q/k norm followed by RoPE, as one op.
 
 x is [B, H, N, D] (layout "bnsd") or [B, N, H, D] (layout "bsnd"); cos and sin are [N, rotary_dim / 2].
 The first rotary_dim channels of each head are rotated in pairs, rotate-half (GPT-NeoX, pairs (i, i + h)) or
@@ -11,10 +12,12 @@ import torch
 
 from fullgraph.errors import UsageError
 from fullgraph.kernels._library import call_kernel
-from fullgraph.kernels.rope import rope_fwd
+from fullgraph.kernels.rope import qk_norm_rope_fwd, rope_fwd
 from fullgraph.ops._autograd import backward_from_native
-from fullgraph.ops._checks import check_float, check_same_device
+from fullgraph.ops._checks import check_float, check_last_dim, check_same_device
 from fullgraph.ops.custom_op import CustomOp, eager_inference, run
+from fullgraph.ops.norms import rms_norm_native
+from fullgraph.ops.policies import KNOWN_OPS
 
 # layout -> the dim of x that indexes positions
 SEQ_DIM = {"bnsd": 2, "bsnd": 1}
@@ -110,6 +113,58 @@ def apply_rope(x, cos, sin, *, interleaved: bool = False, layout: str = "bnsd"):
     """Rotate x's first 2·cos.shape[-1] channels by position (policy of op `rope`); see the module docstring."""
     seq_dim = check_rope_inputs(x, cos, sin, layout)
     return run("rope", rope_native, rope_kernel, x, cos, sin, interleaved, seq_dim)
+
+
+def check_qk_norm_rope_inputs(q, k, q_weight, k_weight, cos, sin, layout: str) -> int:
+    """Every argument of `qk_norm_rope`; returns the sequence dim."""
+    seq_dim = check_rope_inputs(q, cos, sin, layout)
+    check_x(k, layout)
+    if k.dtype != q.dtype:
+        raise UsageError(f"q and k must have one dtype, got {q.dtype} and {k.dtype}")
+    check_same_device(q, k=k, q_weight=q_weight, k_weight=k_weight)
+    if k.shape[0] != q.shape[0] or k.shape[seq_dim] != q.shape[seq_dim] or k.shape[-1] != q.shape[-1]:
+        raise UsageError(
+            f"k must match q in batch, sequence length and head dim (heads may differ), got q {tuple(q.shape)} and "
+            f"k {tuple(k.shape)} for layout {layout!r}"
+        )
+    if (q_weight is None) != (k_weight is None):
+        raise UsageError("give both q_weight and k_weight, or neither (RMSNorm without a weight)")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w is not None:
+            check_float(name, w)
+            check_last_dim(name, w, q.shape[-1])
+    return seq_dim
+
+
+def qk_norm_rope_native(q, k, q_weight, k_weight, cos, sin, q_eps: float, k_eps: float, interleaved: bool,
+                        seq_dim: int):  # fmt: skip
+    """The plain form: each norm, then each rotation (what Inductor fuses into one pass of its own)."""
+    q = rope_native(rms_norm_native(q, q_weight, q_eps), cos, sin, interleaved, seq_dim)
+    return q, rope_native(rms_norm_native(k, k_weight, k_eps), cos, sin, interleaved, seq_dim)
+
+
+def qk_norm_rope_kernel(q, k, q_weight, k_weight, cos, sin, q_eps: float, k_eps: float, interleaved: bool,
+                        seq_dim: int):  # fmt: skip
+    """One launch for both tensors, one pass each, float32 math rounded once (`kernels/rope.py`)."""
+    return call_kernel(qk_norm_rope_fwd, q, k, q_weight, k_weight, cos, sin, q_eps, k_eps, interleaved, seq_dim)
+
+
+backward_from_native(qk_norm_rope_fwd, qk_norm_rope_native)
+KNOWN_OPS.add("qk_norm_rope")  # a functional op without a module: named here so policies may name it
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, *, eps: float = 1e-6, interleaved: bool = False,
+                 layout: str = "bnsd"):  # fmt: skip
+    """(RoPE(RMSNorm(q) * q_weight), RoPE(RMSNorm(k) * k_weight)): attention's q/k norm and rotary embedding as one op
+    (policy of op `qk_norm_rope`).
+
+    q [B, Hq, N, D] and k [B, Hk, N, D] (layout "bnsd") or [B, N, Hq, D] and [B, N, Hk, D] ("bsnd"), any strides;
+    RMSNorm over D with eps, then the rotation of `apply_rope` with cos/sin [N, rotary_dim / 2]. The kernel form
+    reads and writes each of q and k once, in one launch; the native form is the two ops' native forms in turn.
+    """
+    seq_dim = check_qk_norm_rope_inputs(q, k, q_weight, k_weight, cos, sin, layout)
+    return run("qk_norm_rope", qk_norm_rope_native, qk_norm_rope_kernel, q, k, q_weight, k_weight, cos, sin, eps, eps,
+               interleaved, seq_dim)  # fmt: skip
 
 
 # (length, rotary_dim, base, device, dtype) -> (cos, sin); shared by every module built with the same key
