@@ -8,7 +8,8 @@ so on these inputs the native form), "native" and, where kernels run, "kernel". 
 call is followed by nothing (launches are asynchronous: this is host time); the device is synchronized once per
 round.
 
-`--sizes` then times rms_norm and layer_norm per call at growing sizes, kernel against native, calls back to back:
+`--sizes` then times rms_norm, layer_norm and qk_norm_rope (heads of 128) per call at growing sizes, kernel against
+native, calls back to back:
 per call that is the larger of host and GPU time, so the ratio crosses 1 where the kernel starts to pay in eager
 mode (where `EAGER_KERNEL_MIN_NUMEL` comes from).
 
@@ -112,7 +113,16 @@ def sweep(device: str, dtype: torch.dtype, sizes: str) -> None:
         rows, cols = (int(v) for v in size.lower().split("x"))
         x = torch.randn(rows, cols, device=device, dtype=dtype)
         w, b = torch.ones(cols, device=device, dtype=dtype), torch.zeros(cols, device=device, dtype=dtype)
-        for name, fn, extra in (("rms_norm", ops.rms_norm, (w,)), ("layer_norm", ops.layer_norm, (w, b))):
+        cases = [("rms_norm", ops.rms_norm, (w,)), ("layer_norm", ops.layer_norm, (w, b))]
+        if cols % 128 == 0:  # q/k norm + RoPE of heads of 128 over rows tokens (x as q and as k, [1, N, H, 128])
+            hw, (cos, sin) = torch.ones(128, device=device, dtype=dtype), ops.rope_tables(rows, 128, device=device)
+
+            def qk(x, hw=hw, cos=cos, sin=sin):
+                q = x.view(1, x.shape[0], -1, 128)
+                return ops.qk_norm_rope(q, q, hw, hw, cos, sin, layout="bsnd")
+
+            cases.append(("qk_norm_rope", qk, ()))
+        for name, fn, extra in cases:
 
             def under(policy, fn=fn, extra=extra, name=name, x=x):
                 def call():

@@ -19,6 +19,7 @@ VARIANTS = (
     "ours auto, compiled",
     "ours native, compiled",
     "ours native + linear_gelu kernel, compiled",
+    "ours auto + qk_norm_rope kernel, compiled",
     "ours kernel, compiled",
 )
 

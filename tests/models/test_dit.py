@@ -160,7 +160,7 @@ def test_eager_inference_calls_the_chosen_forms_directly_with_the_checked_ops_ou
 
 
 def test_direct_forms_follow_the_q_k_norms_own_policy_and_fall_back_when_they_differ():
-    model = randomized(config("dit_s", **SMALL, rope="1d"))
+    model = randomized(config("dit_s", **SMALL, rope=None))  # with RoPE the norms run inside op qk_norm_rope
     x, c = torch.randn(1, 9, SMALL["dim"]), torch.randn(1, SMALL["dim"])
     for block in model.blocks:
         block.q_norm.policy = block.k_norm.policy = "native"
@@ -174,6 +174,23 @@ def test_direct_forms_follow_the_q_k_norms_own_policy_and_fall_back_when_they_di
     with torch.no_grad():
         expected = twin(model, dtype=torch.float64)(x.double(), c.double())
     assert ((out.double() - expected).abs().max() / expected.abs().max()).item() < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_with_rope_the_q_k_norms_and_rotation_run_as_one_op_under_its_policy(triton_device, impl):
+    # qk_norm_rope's policy picks the form (the norm modules' own policies and op rope's do not reach it): one call
+    # per block, and the output is the fp64 twin's either way (the kernel rounds once, the native form twice)
+    model = randomized(config("dit_s", **SMALL, rope="video", grid=(2, 3, 5)))
+    for block in model.blocks:
+        block.q_norm.policy = block.k_norm.policy = "kernel" if impl == "native" else "native"
+    x, c = torch.randn(2, 30, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    with ops.policy(qk_norm_rope=impl, rope="native" if impl == "kernel" else "auto"):
+        out, counts = counted(model, x, c)
+    assert counts[("qk_norm_rope", "eager", impl)] == SMALL["depth"]
+    assert not any(op in ("rms_norm", "rope") for op, _, _ in counts)
+    with torch.no_grad():
+        expected = twin(model, dtype=torch.float64)(x.double(), c.double())
+    assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-5
 
 
 def test_rope_tables_follow_the_device_but_stay_float32():

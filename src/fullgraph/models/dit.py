@@ -4,7 +4,7 @@ Each block (adaLN-Zero, as in DiT, Peebles & Xie 2023, and the video DiTs after 
 
     shift1, scale1, gate1, shift2, scale2, gate2 = ada(silu(c))                   # each [B, C]
     h = modulate(layer_norm(x), shift1, scale1)                                    # LayerNorm without affine
-    q, k, v = qkv(h) -> heads; q, k = rope(rms_norm(q)), rope(rms_norm(k))         # q/k RMSNorm, then RoPE
+    q, k, v = qkv(h) -> heads; q, k = rope(rms_norm(q)), rope(rms_norm(k))         # op qk_norm_rope
     x = gated_residual(x, proj(attention(q, k, v)), gate1)                         # x + gate1 * attn
     x = gated_residual(x, fc2(gelu_tanh(fc1(modulate(layer_norm(x), shift2, scale2)))), gate2)
 
@@ -13,9 +13,10 @@ video (frames x height x width: the head dim split in three, each part rotated b
 the open video DiTs). `ada` starts at zero (adaLN-Zero: every block starts as the identity); randomize the weights
 to compare the two forms.
 
-`DiT` uses `fullgraph.ops` (layer_norm, modulate, gated_residual, RMSNorm, apply_rope, attention), so each op's
-policy picks native or kernel; `PlainDiT` writes the same computation with `F.layer_norm`, a rotate-half RoPE and
-SDPA, the way users write it today. Both load each other's state dicts: the comparison in the DiT issue.
+`DiT` uses `fullgraph.ops` (layer_norm, modulate, gated_residual, qk_norm_rope (the q/k RMSNorm and RoPE as one
+op; RMSNorm alone without RoPE), linear_gelu, attention), so each op's policy picks native or kernel; `PlainDiT`
+writes the same computation with `F.layer_norm`, a rotate-half RoPE and SDPA, the way users write it today. Both
+load each other's state dicts: the comparison in the DiT issue.
 This module imports `ops` only (DESIGN.md, Layers): compile it from outside.
 """
 
@@ -143,9 +144,10 @@ class DiTBlock(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c)).float()[:, None].chunk(6, dim=-1)
         h = f.modulate(f.layer_norm(x, None, None, self.eps), shift1, scale1)  # h: [B, N, C]
         q, k, v = self.qkv(h).unflatten(-1, (3, self.heads, self.head_dim)).unbind(2)  # q: [B, N, H, D]
-        q, k = f.rms_norm(self.q_norm, q), f.rms_norm(self.k_norm, k)
-        if rope is not None:
-            q, k = f.rope(q, *rope, False, 1), f.rope(k, *rope, False, 1)  # seq dim 1: [B, N, H, D]
+        if rope is not None:  # the norms and the rotation as one op (seq dim 1: [B, N, H, D])
+            q, k = f.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, *rope, self.eps, False, 1)
+        else:
+            q, k = f.rms_norm(self.q_norm, q), f.rms_norm(self.k_norm, k)
         a = f.attention(q, k, v)  # a: [B, N, H, D]
         x = f.gated_residual(x, self.proj(a.flatten(2)), gate1)
         h = f.modulate(f.layer_norm(x, None, None, self.eps), shift2, scale2)
@@ -162,9 +164,10 @@ class DiTBlock(nn.Module):
         return direct.direct(x.device, x.numel(), calls, (("rms_norm", policy),) if policy else ())
 
 
-# A block's calls of each op, for `ops.direct`'s counts (attention counts its own).
+# A block's calls of each op, for `ops.direct`'s counts (attention counts its own). With RoPE the q/k norms run
+# inside op qk_norm_rope, whose policy (not the norm modules' own) picks their form.
 _CALLS = "layer_norm:2,modulate:2,rms_norm:2,gated_residual:2,linear_gelu:1"
-_CALLS_ROPE = _CALLS + ",rope:2"
+_CALLS_ROPE = "layer_norm:2,modulate:2,qk_norm_rope:1,gated_residual:2,linear_gelu:1"
 _CALLS_FINAL = "layer_norm:1,modulate:1"
 
 
@@ -180,10 +183,15 @@ def _checked_attention(q, k, v):
     return ops.attention(q, k, v, layout="bsnd")
 
 
+def _checked_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, seq_dim):
+    layout = "bsnd" if seq_dim == 1 else "bnsd"
+    return ops.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=eps, interleaved=interleaved, layout=layout)
+
+
 # The same forms through fullgraph.ops' checked entries (rms_norm as the block's own module, with its policy).
 _CHECKED = direct.Direct(
     ops.layer_norm, _norm_module, ops.modulate, ops.gated_residual, _checked_rope, ops.linear_gelu,
-    _checked_attention, {},
+    _checked_qk_norm_rope, _checked_attention, {},
 )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from fullgraph.ops.linear import linear_gelu_kernel, linear_gelu_native
 from fullgraph.ops.modulation import gated_residual_kernel, gated_residual_native, modulate_kernel, modulate_native
 from fullgraph.ops.norms import layer_norm_kernel, layer_norm_native, rms_norm_kernel, rms_norm_native
 from fullgraph.ops.policies import version
-from fullgraph.ops.rope import rope_kernel, rope_native
+from fullgraph.ops.rope import qk_norm_rope_kernel, qk_norm_rope_native, rope_kernel, rope_native
 
 
 def _rms_norm_native(module, x):
@@ -39,6 +39,14 @@ def _rms_norm_kernel(module, x):
     return rms_norm_kernel(x, module.weight, module.eps)
 
 
+def _qk_norm_rope_native(q, k, q_weight, k_weight, cos, sin, eps, interleaved, seq_dim):
+    return qk_norm_rope_native(q, k, q_weight, k_weight, cos, sin, eps, eps, interleaved, seq_dim)
+
+
+def _qk_norm_rope_kernel(q, k, q_weight, k_weight, cos, sin, eps, interleaved, seq_dim):
+    return qk_norm_rope_kernel(q, k, q_weight, k_weight, cos, sin, eps, eps, interleaved, seq_dim)
+
+
 # op -> (native, kernel): the forms `fullgraph.ops`' functional entries run (rms_norm: an `ops.RMSNorm`'s, given it)
 FORMS = {
     "layer_norm": (layer_norm_native, layer_norm_kernel),
@@ -47,6 +55,7 @@ FORMS = {
     "gated_residual": (gated_residual_native, gated_residual_kernel),
     "rope": (rope_native, rope_kernel),
     "linear_gelu": (linear_gelu_native, linear_gelu_kernel),
+    "qk_norm_rope": (_qk_norm_rope_native, _qk_norm_rope_kernel),
 }
 
 
@@ -65,7 +74,8 @@ def parse_calls(calls: str) -> tuple[tuple[str, int], ...]:
 class Direct(NamedTuple):
     """The chosen forms: layer_norm(x, weight, bias, eps), rms_norm(module, x) for an `ops.RMSNorm`, modulate(x, shift,
     scale), gated_residual(x, h, gate), rope(x, cos, sin, interleaved, seq_dim), linear_gelu(x, weight, bias,
-    approximate), attention(q, k, v) with q, k, v [B, N, H, D] (no mask, not causal; returns [B, N, H, D])."""
+    approximate), qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, seq_dim) -> (q, k),
+    attention(q, k, v) with q, k, v [B, N, H, D] (no mask, not causal; returns [B, N, H, D])."""
 
     layer_norm: object
     rms_norm: object
@@ -73,6 +83,7 @@ class Direct(NamedTuple):
     gated_residual: object
     rope: object
     linear_gelu: object
+    qk_norm_rope: object
     attention: object
     impls: dict  # op -> "native" | "kernel"
 
@@ -192,6 +203,7 @@ def _traced(device, numel, calls, policies) -> Direct:
         gated_residual_kernel if kernel[3] else gated_residual_native,
         rope_kernel if kernel[4] else rope_native,
         linear_gelu_kernel if kernel[5] else linear_gelu_native,
+        _qk_norm_rope_kernel if kernel[6] else _qk_norm_rope_native,
         _attention_traced,
         {},
     )

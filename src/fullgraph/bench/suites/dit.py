@@ -1,16 +1,18 @@
 """Suite `dit`: the DiT stack built from our ops against its plain-PyTorch twin, compiled and eager, side by side.
 
-Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), eight ways:
+Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), nine ways:
 plain compiled and eager (`torch.compile(fullgraph=True)`, default mode: what users run), ours compiled with every
 op's policy `auto`, `kernel` and `native` (attention included: native is torch's SDPA, kernel our Triton
 kernel), ours compiled all native but for one fused op's kernel (`linear_gelu`: the in-graph measurement of that
-fusion), and ours eager with `auto`. Each variant is called inside its policy
+fusion), ours compiled `auto` but for `qk_norm_rope`'s kernel (the q/k norms and RoPE in one pass, against
+Inductor's fusion of their native forms: the measurement its `measured.py` entry waits for), and ours eager with
+`auto`. Each variant is called inside its policy
 context (a policy change recompiles: Dynamo guards on it). Latency: the median of ROUNDS interleaved rounds (CUDA
 events, or the CPU clock), with the lowest and highest round median; each compiled variant's ratio to plain
 compiled is the suite's verdict (issue: our ops must never make a compiled model slower). Error: against the plain
 twin in float32. A second instance of the plain twin, compiled apart, gives the noise floor of a ratio. With
 --breakdown, where the GPU time goes (torch.profiler, kernel classes) for plain compiled, ours auto compiled and the
-fusion's variant.
+fusions' variants.
 
 Defaults: on a GPU the issue's stack (dim 3072, 24 heads, 4 blocks, bf16, batch 1) at 1024, 4096 and 16384 tokens;
 on the CPU a small stack (dim 128, 2 heads, 2 blocks) at 64 tokens, fp32.
@@ -38,7 +40,15 @@ GPU_TOKENS = (1024, 4096, 16384)
 CPU_TOKENS = (64,)
 # variant label -> policies (FULLGRAPH_OPS syntax): every op's policy, then one op's kernel among native neighbours,
 # the in-graph measurement that `ops/measured.py` records per GPU
-POLICIES = {"auto": "all=auto", "kernel": "all", "native": "none", "native + linear_gelu kernel": "none,+linear_gelu"}
+POLICIES = {
+    "auto": "all=auto",
+    "kernel": "all",
+    "native": "none",
+    "native + linear_gelu kernel": "none,+linear_gelu",
+    "auto + qk_norm_rope kernel": "all=auto,+qk_norm_rope",
+}
+BREAKDOWN = ("plain, compiled", "ours auto, compiled", "ours native + linear_gelu kernel, compiled",
+             "ours auto + qk_norm_rope kernel, compiled")  # fmt: skip
 
 
 def parse_tokens(spec: str | None, gpu: bool) -> tuple[int, ...]:
@@ -145,7 +155,7 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
             rows += make_rows("dit", point, name, metrics, params)
             table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", base / med, errors[name]])
         if args.breakdown:
-            for name in ("plain, compiled", "ours auto, compiled", "ours native + linear_gelu kernel, compiled"):
+            for name in (n for n in BREAKDOWN if n in live):
                 fn, pol = variants[name]
                 b = profile_breakdown(lambda fn=fn, pol=pol: call(fn, pol), device=device, label=name, dtype=dtype)
                 classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
