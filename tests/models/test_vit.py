@@ -312,3 +312,53 @@ def test_a_customized_block_takes_its_own_modules():
     assert counts[("attention", "eager", "sdpa-math")] == 1  # block 0 ran its own module
     assert sum(n for (op, _, impl), n in counts.items() if op == "attention" and impl != "sdpa-math") == 1
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def full_logits(model, img):
+    """Every token through every block, then the class token's row: what timm computes."""
+    return model.head(model.forward_features(img)[:, 0])
+
+
+def test_logits_carry_only_the_class_token_through_the_last_block():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = config("vit_tiny", **{**SMALL, "depth": 3})
+    model = loaded(ViT, cfg, timm_state_dict(cfg))
+    img = torch.randn(2, 3, *cfg.img_size)
+    flops = {}
+    for name, fn in (("ours", model), ("full", lambda i: full_logits(model, i))):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            out = fn(img)
+        flops[name] = (counter.get_total_flops(), out)
+    torch.testing.assert_close(flops["ours"][1], flops["full"][1], rtol=1e-5, atol=1e-5)
+    # the last block's GEMMs: q, proj, fc1, fc2 for one row per image instead of T; k and v still for all T
+    t, d, hidden, b = cfg.tokens, cfg.dim, cfg.hidden, 2
+    saved = 2 * b * (t - 1) * (d * d + d * d + 2 * d * hidden)
+    assert flops["full"][0] - flops["ours"][0] >= 0.9 * saved, (flops["full"][0], flops["ours"][0], saved)
+
+
+def test_training_gradients_through_the_class_token_shortcut_are_the_full_models():
+    # autograd records: the checked modules take the shortcut too, and every parameter gets the full path's grad
+    cfg = config("vit_tiny", **SMALL)
+    model = loaded(ViT, cfg, timm_state_dict(cfg)).train()
+    img = torch.randn(2, 3, *cfg.img_size)
+    grads = []
+    for fn in (model, lambda i: full_logits(model, i)):
+        model.zero_grad()
+        fn(img).square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_customized_last_block_computes_every_token_and_keeps_the_first():
+    cfg = config("vit_tiny", **SMALL)
+    model = loaded(ViT, cfg, timm_state_dict(cfg))
+    model.blocks[-1].attn.backend = "sdpa-math"  # pinned: neither the direct path nor the shortcut apply
+    img = torch.randn(2, 3, *cfg.img_size)
+    with torch.no_grad():
+        out, counts = policy_counts(lambda: model(img))
+        expected = full_logits(model, img)
+    assert counts[("attention", "eager", "sdpa-math")] == 1
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -192,19 +192,42 @@ class Block(nn.Module):
         self.norm2 = self.norm_cls(cfg.dim, eps=cfg.eps)
         self.mlp = self.mlp_cls(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, first_only: bool = False) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]; with `first_only`, the output of the first (class) token alone, [B, 1, D]: every
+        token still feeds attention as a key and a value, but only the first is queried and carried through the
+        projection and the MLP (what a classifier reads from the last block, for about a sixth of its GEMM work)."""
         n1, n2, attn, mlp = self.norm1, self.norm2, self.attn, self.mlp
         policy = n1.policy
-        if not direct.usable() or n2.policy != policy or not _plain_attention(attn):
+        plain = _plain_attention(attn)
+        if not direct.usable() or n2.policy != policy or not plain:
+            if first_only and plain:  # the checked ops (autograd records), the first token's rows only
+                q, k, v = _first_query(attn, n1(x))
+                x = x[:, :1] + attn.proj(ops.attention(q, k, v, layout="bsnd").flatten(2))
+                return x + mlp(n2(x))
             x = x + attn(n1(x))  # x: [B, 1 + N, D]; the checked ops (autograd records, or a customized block)
-            return x + mlp(n2(x))
+            x = x + mlp(n2(x))
+            return x[:, :1] if first_only else x
         # Inference: each op's form chosen once per block and called without per-op checks (`ops.direct`: less
         # host time eager, fewer guards compiled), computing what the modules above compute.
         f = direct.direct(x.device, x.numel(), _CALLS, (("layer_norm", policy),) if policy else ())
-        q, k, v = attn.qkv(f.layer_norm(x, n1.weight, n1.bias, n1.eps)).unflatten(-1, (3, attn.heads, -1)).unbind(2)
-        x = x + attn.proj(f.attention(q, k, v).flatten(2))  # q, k, v: [B, 1 + N, H, D]
+        h = f.layer_norm(x, n1.weight, n1.bias, n1.eps)
+        if first_only:
+            q, k, v = _first_query(attn, h)
+            x = x[:, :1]
+        else:
+            q, k, v = attn.qkv(h).unflatten(-1, (3, attn.heads, -1)).unbind(2)
+        x = x + attn.proj(f.attention(q, k, v).flatten(2))  # q: [B, 1 + N or 1, H, D]; k, v: [B, 1 + N, H, D]
         h = f.layer_norm(x, n2.weight, n2.bias, n2.eps)
         return x + mlp.fc2(f.linear_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.approximate))
+
+
+def _first_query(attn: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q for h's first token, k and v for all: [B, 1, H, D] and [B, T, H, D] each, from the fused QKV weight's row
+    blocks (contiguous views), so the projection of the other T - 1 queries is never computed."""
+    w, b, dim = attn.qkv.weight, attn.qkv.bias, h.shape[-1]
+    q = F.linear(h[:, :1], w[:dim], None if b is None else b[:dim]).unflatten(-1, (attn.heads, -1))
+    k, v = F.linear(h, w[dim:], None if b is None else b[dim:]).unflatten(-1, (2, attn.heads, -1)).unbind(2)
+    return q, k, v
 
 
 _CALLS = "layer_norm:2,linear_gelu:1"  # a block's calls of each op, for `ops.direct`'s counts
@@ -259,15 +282,25 @@ class ViT(nn.Module):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
     def forward_features(self, img: torch.Tensor) -> torch.Tensor:
-        self._check(img)
-        t = self.patch_embed(img)  # t: [B, N, D]
-        x = torch.cat((self.cls_token.expand(t.shape[0], -1, -1), t), dim=1) + self.pos_embed  # x: [B, 1 + N, D]
+        x = self._tokens(img)
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
-        return self.head(self.forward_features(img)[:, 0])
+        """Logits from the class token. Its row is all the head reads, and each token's norm and MLP are its own, so
+        the last block computes that row alone (`Block.forward(first_only=True)`: the other tokens only as keys and
+        values): the same logits as `head(forward_features(img)[:, 0])`, with about a sixth of that block's GEMMs."""
+        x = self._tokens(img)
+        for block in self.blocks[:-1]:
+            x = block(x)
+        return self.head(self.norm(self.blocks[-1](x, first_only=True))[:, 0])
+
+    def _tokens(self, img: torch.Tensor) -> torch.Tensor:
+        """The class token and the embedded patches, position embedding added: [B, 1 + N, D]."""
+        self._check(img)
+        t = self.patch_embed(img)  # t: [B, N, D]
+        return torch.cat((self.cls_token.expand(t.shape[0], -1, -1), t), dim=1) + self.pos_embed
 
     def _check(self, img: torch.Tensor) -> None:
         c, (h, w) = self.cfg.in_chans, self.cfg.img_size
@@ -284,6 +317,9 @@ class PlainViT(ViT):
     patch_embed_cls = PlainPatchEmbed
     block_cls = PlainBlock
     norm_cls = nn.LayerNorm
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(img)[:, 0])  # as timm: every token through every block
 
 
 class AutoDrivingViT(ViT):
