@@ -195,7 +195,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, first_only: bool = False) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]; with `first_only`, the output of the first (class) token alone, [B, 1, D]: every
         token still feeds attention as a key and a value, but only the first is queried and carried through the
-        projection and the MLP (what a classifier reads from the last block, for about a sixth of its GEMM work)."""
+        projection and the MLP (what a classifier reads from the last block, for about a quarter of its GEMM work)."""
         n1, n2, attn, mlp = self.norm1, self.norm2, self.attn, self.mlp
         policy = n1.policy
         plain = _plain_attention(attn)
@@ -222,12 +222,11 @@ class Block(nn.Module):
 
 
 def _first_query(attn: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q for h's first token, k and v for all: [B, 1, H, D] and [B, T, H, D] each, from the fused QKV weight's row
-    blocks (contiguous views), so the projection of the other T - 1 queries is never computed."""
-    w, b, dim = attn.qkv.weight, attn.qkv.bias, h.shape[-1]
-    q = F.linear(h[:, :1], w[:dim], None if b is None else b[:dim]).unflatten(-1, (attn.heads, -1))
-    k, v = F.linear(h, w[dim:], None if b is None else b[dim:]).unflatten(-1, (2, attn.heads, -1)).unbind(2)
-    return q, k, v
+    """q for h's first token, k and v for all: [B, 1, H, D] and [B, T, H, D] each. The fused QKV GEMM stays whole
+    (one launch; the T - 1 other queries are a ninth of the block's GEMM work, and two GEMMs cost a launch more
+    where a small batch is launch-bound); attention, the projection and the MLP see the first row alone."""
+    q, k, v = attn.qkv(h).unflatten(-1, (3, attn.heads, -1)).unbind(2)
+    return q[:, :1], k, v
 
 
 _CALLS = "layer_norm:2,linear_gelu:1"  # a block's calls of each op, for `ops.direct`'s counts
@@ -290,7 +289,7 @@ class ViT(nn.Module):
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         """Logits from the class token. Its row is all the head reads, and each token's norm and MLP are its own, so
         the last block computes that row alone (`Block.forward(first_only=True)`: the other tokens only as keys and
-        values): the same logits as `head(forward_features(img)[:, 0])`, with about a sixth of that block's GEMMs."""
+        values): the same logits as `head(forward_features(img)[:, 0])`, with about a quarter of that block's GEMMs."""
         x = self._tokens(img)
         for block in self.blocks[:-1]:
             x = block(x)
