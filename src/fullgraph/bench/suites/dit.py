@@ -158,7 +158,18 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
             for name in (n for n in BREAKDOWN if n in live):
                 fn, pol = variants[name]
                 b = profile_breakdown(lambda fn=fn, pol=pol: call(fn, pol), device=device, label=name, dtype=dtype)
-                classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
-                table.append([point, f"  {name}: where the time goes", b.kernel_ms, "", None, None])
+                # each class's kernel launches too, and the GPU's idle share of the call: the wall time over the
+                # kernels' sum is launch gaps, which fewer and fuller kernels close
+                classes = ", ".join(
+                    f"{k.name} {k.ms:.3f} ({k.kernels})" for k in sorted(b.classes, key=lambda k: -k.ms)[:6]
+                )
+                idle = "" if b.idle_share is None else f", GPU idle {b.idle_share:.0%} of {b.call_ms:.3f} ms"
+                launched = sum(k.kernels for k in b.classes)
+                table.append([point, f"  {name}: where the time goes ({launched} kernels{idle})", b.kernel_ms, "",
+                              None, None])  # fmt: skip
                 table.append([point, f"    {classes}", None, "", None, None])
-                rows += make_rows("dit", point, name, {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}, params)
+                metrics = {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}
+                metrics |= {f"class_kernels_{k.name}": (k.kernels, "") for k in b.classes}
+                if b.idle_share is not None:
+                    metrics["gpu_idle_share"] = (b.idle_share, "")
+                rows += make_rows("dit", point, name, metrics, params)
