@@ -27,6 +27,7 @@ def test_every_kernel_builds_with_inductors_argument_types():
     expected = {
         "ok rms_norm",
         "ok qk_norm_rope",
+        "ok layer_norm_modulate_residual",
         "ok flash_attention tma=1 ws=1 causal=1",
         "ok flash_attention ws_tile",
     }

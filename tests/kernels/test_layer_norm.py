@@ -2,8 +2,9 @@ import pytest
 import torch
 
 import fullgraph.ops  # noqa: F401  (registers torch.ops.fullgraph.*)
-from fullgraph.kernels.layer_norm import layer_norm_fwd
+from fullgraph.kernels.layer_norm import layer_norm_fwd, layer_norm_modulate_fwd, layer_norm_modulate_residual_fwd
 from tests.kernels.reference import assert_close, layer_norm_ref
+from tests.kernels.test_modulate import FORMS, form_shapes, gated_residual_ref, modulate_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(1, 63), (7, 128), (7, 3072), (3, 5120), (2, 3, 63)]
@@ -40,3 +41,54 @@ def test_opcheck(triton_device):
     w = torch.randn(63, device=triton_device, dtype=torch.float16)
     torch.library.opcheck(torch.ops.fullgraph.layer_norm.default, (x, w, w.clone(), 1e-5))
     torch.library.opcheck(torch.ops.fullgraph.layer_norm.default, (x, None, None, 1e-5))
+
+
+# ---- gated residual + LayerNorm + modulation in one pass -----------------------------------------------------------
+
+
+def layer_norm_modulate_ref(x, shift, scale, h=None, gate=None, eps=1e-6):
+    """(y, s) in float64: s = x + gate * h (or x), y = LayerNorm(s) * (1 + scale) + shift, parameters per group."""
+    s = x.double() if h is None else gated_residual_ref(x, h, gate)
+    return modulate_ref(layer_norm_ref(s, eps=eps), shift, scale), s
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c", [63, 128, 3072])
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("residual", [False, True], ids=["norm", "gated-residual"])
+def test_layer_norm_modulate_matches_float64(triton_device, residual, form, c, dtype):
+    x_shape, p_shape = form_shapes(form, c)
+    x = torch.randn(x_shape, device=triton_device, dtype=dtype) * 2 + 3  # an offset mean: centred before the norm
+    shift, scale, gate = (torch.randn(p_shape, device=triton_device, dtype=dtype) for _ in range(3))
+    if residual:
+        h = torch.randn(x_shape, device=triton_device, dtype=dtype)
+        y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6)
+        y_ref, s_ref = layer_norm_modulate_ref(x, shift, scale, h, gate)
+        assert_close(s, s_ref, dtype)
+        # y is the norm of exactly the s returned (rounded to dtype first), as the unfused ops compute it
+        assert_close(y, layer_norm_modulate_ref(s, shift, scale)[0], dtype)
+    else:
+        y = layer_norm_modulate_fwd(x, shift, scale, 1e-6)
+        y_ref, _ = layer_norm_modulate_ref(x, shift, scale)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_close(y, y_ref, dtype, scale=2)
+
+
+def test_layer_norm_modulate_takes_each_rows_own_group(triton_device):
+    # 3 batch elements, their shift rows far apart: a row reading its neighbour's group would show at once
+    x = torch.randn(3, 5, 64, device=triton_device)
+    shift = torch.arange(3, device=triton_device, dtype=torch.float32)[:, None, None].expand(3, 1, 64) * 100
+    scale = torch.zeros(3, 1, 64, device=triton_device)
+    y = layer_norm_modulate_fwd(x, shift.contiguous(), scale, 1e-6)
+    assert torch.allclose(y.mean(-1), torch.arange(3, device=triton_device, dtype=torch.float32)[:, None] * 100,
+                          atol=1e-3)  # fmt: skip
+
+
+def test_layer_norm_modulate_opcheck(triton_device):
+    x = torch.randn(2, 7, 80, device=triton_device, dtype=torch.bfloat16).requires_grad_()
+    h = torch.randn(2, 7, 80, device=triton_device, dtype=torch.bfloat16)
+    gate, shift, scale = (torch.randn(2, 1, 80, device=triton_device, dtype=torch.bfloat16) for _ in range(3))
+    torch.library.opcheck(torch.ops.fullgraph.layer_norm_modulate.default, (x, shift, scale.requires_grad_(), 1e-6))
+    torch.library.opcheck(
+        torch.ops.fullgraph.layer_norm_modulate_residual.default, (x, h.requires_grad_(), gate, shift, scale, 1e-6)
+    )

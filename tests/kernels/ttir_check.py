@@ -123,6 +123,12 @@ def cases():
     yield "rms_norm", lambda: rms_norm.rms_norm_fwd.launcher(x, w, 1e-6)
     yield "rms_norm_residual", lambda: rms_norm.rms_norm_residual_fwd.launcher(x, x, w, 1e-6)
     yield "layer_norm", lambda: layer_norm.layer_norm_fwd.launcher(x, w, w, 1e-5)
+    x3, p3 = torch.randn(2, 3, 3072, **bf16), torch.randn(2, 1, 3072, **bf16)  # the DiT's rows of 3072, per batch
+    yield "layer_norm_modulate", lambda: layer_norm.layer_norm_modulate_fwd.launcher(x3, p3, p3, 1e-6)
+    yield (
+        "layer_norm_modulate_residual",
+        lambda: layer_norm.layer_norm_modulate_residual_fwd.launcher(x3, x3, p3, p3, p3, 1e-6),
+    )
     yield "rope", lambda: rope.rope_fwd.launcher(q, cos, cos, False, 2)
     yield "rope interleaved partial", lambda: rope.rope_fwd.launcher(q, cos[:, :40], cos[:, :40], True, 2)
     # q and k as views of a [B, N, 3, H, D] projection, grouped (fewer k heads), weights in float32

@@ -8,9 +8,12 @@ from fullgraph.ops.modulation import (
     Modulate,
     gated_residual,
     gated_residual_native,
+    layer_norm_modulate,
     modulate,
     modulate_native,
 )
+from tests.kernels.reference import assert_close as ref_close
+from tests.kernels.test_layer_norm import layer_norm_modulate_ref
 from tests.kernels.test_modulate import FORMS, assert_close, form_shapes, gated_residual_ref, modulate_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -138,3 +141,87 @@ def test_the_one_pass_eager_forms_leave_inputs_alone_and_match_the_differentiabl
     for f, s in zip(fast, slow, strict=True):
         assert f.dtype == s.dtype == dtype and f.shape == s.shape
         torch.testing.assert_close(f, s.detach(), rtol=0, atol=0)  # both: float32 math, one rounding
+
+
+# ---- layer_norm_modulate -----------------------------------------------------------------------------------------
+
+
+def lnm_case(form, c, dtype, device="cpu"):
+    x_shape, p_shape = form_shapes(form, c)
+    x, h = torch.randn(x_shape, device=device, dtype=dtype) * 2 + 1, torch.randn(x_shape, device=device, dtype=dtype)
+    gate, shift, scale = (torch.randn(p_shape, device=device, dtype=dtype) for _ in range(3))
+    return x, h, gate, shift, scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", FORMS)
+def test_layer_norm_modulate_native_matches_float64(form, dtype):
+    x, h, gate, shift, scale = lnm_case(form, 48, dtype)
+    with policy(layer_norm_modulate="native"):
+        y0 = layer_norm_modulate(x, shift, scale)
+        y, s = layer_norm_modulate(x, shift, scale, h=h, gate=gate)
+    ref_close(y0, layer_norm_modulate_ref(x, shift, scale)[0], dtype, scale=2)
+    ref_close(s, gated_residual_ref(x, h, gate), dtype)
+    ref_close(y, layer_norm_modulate_ref(s, shift, scale)[0], dtype, scale=2)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_layer_norm_modulate_follows_its_policy_and_counts_one_call(triton_device, impl):
+    x, h, gate, shift, scale = lnm_case("B_1_C", 64, torch.bfloat16, triton_device)
+    before = dict(counters)
+    with policy(layer_norm_modulate=impl):
+        y, s = layer_norm_modulate(x, shift, scale, h=h, gate=gate)
+    added = {key: n - before.get(key, 0) for key, n in counters.items() if n != before.get(key, 0)}
+    assert added == {("layer_norm_modulate", "eager", impl): 1}  # one op, not its three parts
+    ref_close(s, layer_norm_modulate_ref(x, shift, scale, h, gate)[1], torch.bfloat16)
+    ref_close(y, layer_norm_modulate_ref(s, shift, scale)[0], torch.bfloat16, scale=2)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_layer_norm_modulate_gradients_agree(triton_device, impl):
+    x, h, gate, shift, scale = (t.requires_grad_() for t in lnm_case("frames", 40, torch.float32, triton_device))
+    with policy(layer_norm_modulate=impl):
+        y, s = layer_norm_modulate(x, shift, scale, h=h, gate=gate)
+    gy, gs = torch.randn_like(y), torch.randn_like(s)
+    torch.autograd.backward((y, s), (gy, gs))
+    refs = [t.detach().double().requires_grad_() for t in (x, h, gate, shift, scale)]
+    y_ref, s_ref = layer_norm_modulate_ref(refs[0], refs[3], refs[4], refs[1], refs[2])
+    torch.autograd.backward((y_ref, s_ref), (gy.double(), gs.double()))
+    for got, ref in zip((x, h, gate, shift, scale), refs, strict=True):
+        ref_close(got.grad, ref.grad, torch.float32)
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_layer_norm_modulate_compiles_without_graph_breaks(triton_device, impl):
+    torch._dynamo.reset()
+    x, h, gate, shift, scale = lnm_case("B_C", 64, torch.float32, triton_device)
+
+    def f(x, h):
+        y, s = layer_norm_modulate(x, shift, scale, h=h, gate=gate)
+        return layer_norm_modulate(s, shift, scale) + y
+
+    with policy(layer_norm_modulate=impl):
+        eager = f(x, h)
+        before = counters[("layer_norm_modulate", "compiled", impl)]
+        compiled = torch.compile(f, fullgraph=True)(x, h)
+        assert counters[("layer_norm_modulate", "compiled", impl)] == before + 2
+        assert torch._dynamo.explain(f)(x, h).graph_break_count == 0
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def lnm_bad_inputs():
+    x, h, gate, shift, scale = lnm_case("B_1_C", 16, torch.float32)
+    return [
+        ("h_without_gate", lambda: layer_norm_modulate(x, shift, scale, h=h), "give h and gate together"),
+        ("gate_shape", lambda: layer_norm_modulate(x, shift, scale, h=h, gate=gate[:, 0]), "gate must have shift's"),
+        ("h_shape", lambda: layer_norm_modulate(x, shift, scale, h=h[:, :1], gate=gate), "h must have x's shape"),
+        ("scale_shape", lambda: layer_norm_modulate(x, shift, scale[..., :8]), "shift and scale must have the same"),
+        ("x_dtype", lambda: layer_norm_modulate(x.long(), shift, scale), "x must be float32"),
+    ]
+
+
+@pytest.mark.parametrize("case", lnm_bad_inputs(), ids=lambda c: c[0])
+def test_layer_norm_modulate_bad_input_names_the_argument(case):
+    _, call, message = case
+    with pytest.raises(UsageError, match=message):
+        call()

@@ -5,6 +5,11 @@
 Memory traffic per row of C elements: read x, write y (2·C·bytes); w and b are read once per program.
 Mean and variance are computed in float32 from the row held in registers (two passes over registers,
 one over memory). The kernel is RMSNorm's (`rms_norm.py`) with the row centered first.
+
+`layer_norm_modulate_fwd` is the DiT's LayerNorm (no affine) and adaLN modulation in one pass, and
+`layer_norm_modulate_residual_fwd` puts the gated residual before them: s = x + gate · h, y = LN(s) · (1 + scale) +
+shift, returning (y, s). Traffic per row: read x and h, write s and y (4·C·bytes), where the three ops apart take
+ten passes (gated residual 3, LayerNorm 2, modulation 2 in float32 plus its casts) and Inductor makes one of them.
 """
 
 from __future__ import annotations
@@ -23,3 +28,26 @@ def _fake(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | Non
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """LayerNorm over the last dimension. Inputs are checked by `fullgraph.ops.layer_norm`."""
     return launch_row_norm(x, weight, bias, None, eps, center=True)[0]
+
+
+def _fake_modulate(x, shift, scale, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_modulate_residual(x, h, gate, shift, scale, eps):
+    return _fake_modulate(x, shift, scale, eps), _fake_modulate(x, shift, scale, eps)
+
+
+@kernel_op("layer_norm_modulate", fake=_fake_modulate)
+def layer_norm_modulate_fwd(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm (no affine) then x · (1 + scale) + shift, shift and scale one row per group of x's rows. Inputs
+    are checked by `fullgraph.ops.layer_norm_modulate`."""
+    return launch_row_norm(x, None, None, None, eps, center=True, shift=shift, scale=scale)[0]
+
+
+@kernel_op("layer_norm_modulate_residual", fake=_fake_modulate_residual)
+def layer_norm_modulate_residual_fwd(
+    x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(LayerNorm(s) · (1 + scale) + shift, s) with s = x + gate · h, in one pass."""
+    return launch_row_norm(h, None, None, x, eps, center=True, gate=gate, shift=shift, scale=scale)

@@ -7,7 +7,10 @@ Memory traffic per row of C elements: read x (and residual), write y (and s), re
 so 2·C·bytes (4·C·bytes fused). Accumulation is in float32 whatever the input dtype.
 
 The kernel is LayerNorm's too (`layer_norm.py`): with CENTER it normalizes the row minus its mean, and
-HAS_BIAS adds b after the weight.
+HAS_BIAS adds b after the weight. And it is the DiT's LayerNorm + adaLN modulation (`layer_norm_modulate_fwd`
+below): with GATE the residual is gated (s = residual + gate · x, the gate one row per group of rows, as
+modulation's parameters are), and with MODULATE the normalized row becomes y · (1 + scale) + shift, so a block's
+gated residual, LayerNorm and modulation are one pass: read x and the residual, write s and y.
 """
 
 from __future__ import annotations
@@ -25,19 +28,26 @@ def _row_norm_fwd_kernel():
 
     @triton.jit
     def kernel(
-        X, R, W, B, Y, S,
-        n_rows, n_cols, stride_x, stride_r, stride_y, stride_s, eps,
+        X, R, W, B, Y, S, G, SHIFT, SCALE,
+        n_rows, n_cols, stride_x, stride_r, stride_y, stride_s, rows_per_group, eps,
         CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-        ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+        GATE: tl.constexpr, MODULATE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
         cols = tl.arange(0, BLOCK_N)[None, :]
         mask = (rows < n_rows) & (cols < n_cols)
         rows = rows.to(tl.int64)
+        # the parameter row of each row's group (gate, shift, scale: [groups, n_cols], contiguous)
+        param = (rows // rows_per_group) * n_cols + cols
         x = tl.load(X + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
+            r = tl.load(R + rows * stride_r + cols, mask=mask, other=0.0)
+            if GATE:  # noqa: SIM108 (a constexpr branch: the other load is never built)
+                x = r.to(tl.float32) + tl.load(G + param, mask=mask, other=0.0).to(tl.float32) * x
+            else:
+                x = x + r
             # round the sum to the stored dtype first, so y is the norm of exactly the s we return
-            x = (x + tl.load(R + rows * stride_r + cols, mask=mask, other=0.0)).to(S.dtype.element_ty)
+            x = x.to(S.dtype.element_ty)
             tl.store(S + rows * stride_s + cols, x, mask=mask)
             x = x.to(tl.float32)
         if CENTER:  # LayerNorm: the biased variance is the mean square of the centered row
@@ -49,6 +59,9 @@ def _row_norm_fwd_kernel():
             y *= tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         if HAS_BIAS:
             y += tl.load(B + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        if MODULATE:
+            scale = tl.load(SCALE + param, mask=mask, other=0.0).to(tl.float32)
+            y = y * (1.0 + scale) + tl.load(SHIFT + param, mask=mask, other=0.0).to(tl.float32)
         tl.store(Y + rows * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
     return kernel
@@ -61,22 +74,31 @@ def launch_row_norm(
     residual: torch.Tensor | None,
     eps: float,
     center: bool,
+    gate: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, s): the norm of s = x (+ residual) over the last dim; s is y itself when there is no residual."""
+    """(y, s): the norm of s = x (+ residual, or residual + gate · x) over the last dim, then y · (1 + scale) +
+    shift where given; s is y itself when there is no residual. gate, shift and scale: one row of the last dim per
+    group of x's rows (`modulate.groups`), any leading shape."""
     x2 = as_rows(x)
     r2 = as_rows(residual) if residual is not None else x2
     n_rows, n_cols = x2.shape
     y_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     s_out = torch.empty_like(y_out) if residual is not None else y_out
     y, s = y_out.view(-1, n_cols), s_out.view(-1, n_cols)
+    param = gate if gate is not None else shift
+    n_groups = param.numel() // n_cols if param is not None else 1
+    g, sh, sc = (p.reshape(n_groups, n_cols).contiguous() if p is not None else x2 for p in (gate, shift, scale))
     if n_rows:
         block_n, rows, num_warps = row_launch_config(n_cols, n_rows)
         grid = ((n_rows + rows - 1) // rows,)
         launch(_row_norm_fwd_kernel())[grid](
-            x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s,
-            n_rows, n_cols, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
+            x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s, g, sh, sc,
+            n_rows, n_cols, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), max(n_rows // n_groups, 1), eps,
             CENTER=center, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-            HAS_BIAS=bias is not None, ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
+            HAS_BIAS=bias is not None, GATE=gate is not None, MODULATE=shift is not None,
+            ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
         )  # fmt: skip
     return y_out, s_out
 

@@ -11,7 +11,7 @@ from fullgraph.ops.attention import Attention, attention, attention_choice
 from fullgraph.ops.attention_backends import register_ops
 from fullgraph.ops.custom_op import CustomOp
 from fullgraph.ops.linear import LinearGELU, linear_gelu
-from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, modulate
+from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, layer_norm_modulate, modulate
 from fullgraph.ops.norms import LayerNorm, RMSNorm, layer_norm, rms_norm
 from fullgraph.ops.policies import Policy, counters, policy, set_policy
 from fullgraph.ops.rope import RotaryEmbedding, apply_rope, qk_norm_rope, rope_tables
@@ -34,6 +34,7 @@ __all__ = [
     "counters",
     "gated_residual",
     "layer_norm",
+    "layer_norm_modulate",
     "linear_gelu",
     "modulate",
     "policy",

@@ -1,7 +1,9 @@
-"""DiT adaLN modulation: `modulate(x, shift, scale)` before a block and `gated_residual(x, h, gate)` after it.
+"""DiT adaLN modulation: `modulate(x, shift, scale)` before a block and `gated_residual(x, h, gate)` after it, and
+`layer_norm_modulate`, a block's gated residual, LayerNorm and modulation as one op.
 
-    modulate:        x * (1 + scale) + shift
-    gated_residual:  x + gate * h
+    modulate:             x * (1 + scale) + shift
+    gated_residual:       x + gate * h
+    layer_norm_modulate:  modulate(layer_norm(s), shift, scale), s = x or gated_residual(x, h, gate)
 
 The conditioning parameters (shift, scale, gate) hold one row of C per batch element or per video frame:
 `[B, C]` or `[B, 1, C]` against x `[B, N, C]`; `[B, T, 1, C]` against x `[B, T, S, C]`, or against x
@@ -15,10 +17,13 @@ import torch
 
 from fullgraph.errors import UsageError
 from fullgraph.kernels._library import call_kernel
+from fullgraph.kernels.layer_norm import layer_norm_modulate_fwd, layer_norm_modulate_residual_fwd
 from fullgraph.kernels.modulate import gated_residual_fwd, groups, modulate_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_float, check_same_device, check_same_shape
 from fullgraph.ops.custom_op import CustomOp, eager_inference, run
+from fullgraph.ops.norms import layer_norm_native
+from fullgraph.ops.policies import KNOWN_OPS
 
 PARAM_FORMS = "[B, C] or [B, 1, C] with x [B, N, C]; [B, T, 1, C] with x [B, T, S, C] or x [B, N, C] (N % T == 0)"
 
@@ -129,6 +134,43 @@ def gated_residual(x, h, gate):
     """`x + gate * h`, h of x's shape, gate per batch element or frame (policy of op `gated_residual`)."""
     check_gated_residual_inputs(x, h, gate)
     return run("gated_residual", gated_residual_native, gated_residual_kernel, x, h, gate)
+
+
+def layer_norm_modulate_native(x, shift, scale, eps: float = 1e-6, h=None, gate=None):
+    """The ops apart, each native: (gated_residual), LayerNorm without affine, modulate; Inductor fuses them."""
+    s = x if h is None else gated_residual_native(x, h, gate)
+    y = modulate_native(layer_norm_native(s, None, None, eps), shift, scale)
+    return y if h is None else (y, s)
+
+
+def layer_norm_modulate_kernel(x, shift, scale, eps: float = 1e-6, h=None, gate=None):
+    """One pass (`kernels/layer_norm.py`): read x (and h), write y (and s), float32 math rounded once each."""
+    if h is None:
+        return call_kernel(layer_norm_modulate_fwd, x, shift, scale, eps)
+    return call_kernel(layer_norm_modulate_residual_fwd, x, h, gate, shift, scale, eps)
+
+
+backward_from_native(layer_norm_modulate_fwd, layer_norm_modulate_native)
+backward_from_native(
+    layer_norm_modulate_residual_fwd,
+    lambda x, h, gate, shift, scale, eps: layer_norm_modulate_native(x, shift, scale, eps, h, gate),
+)
+KNOWN_OPS.add("layer_norm_modulate")  # a functional op without a module: named here so policies may name it
+
+
+def layer_norm_modulate(x, shift, scale, eps: float = 1e-6, *, h=None, gate=None):
+    """`modulate(layer_norm(x), shift, scale)` (LayerNorm without affine, as adaLN uses it); with `h` and `gate`,
+    of s = `gated_residual(x, h, gate)`, returning (y, s): a DiT block's residual, norm and modulation as one op
+    (policy of op `layer_norm_modulate`). Parameters as `modulate`'s, gate of shift's shape."""
+    check_modulate_inputs(x, shift, scale)
+    if (h is None) != (gate is None):
+        raise UsageError("give h and gate together (the gated residual x + gate * h), or neither")
+    if h is not None:
+        check_gated_residual_inputs(x, h, gate)
+        if gate.shape != shift.shape:
+            raise UsageError(f"gate must have shift's shape {tuple(shift.shape)}, got {tuple(gate.shape)}")
+    return run("layer_norm_modulate", layer_norm_modulate_native, layer_norm_modulate_kernel, x, shift, scale, eps, h,
+               gate)  # fmt: skip
 
 
 class Modulate(CustomOp):
