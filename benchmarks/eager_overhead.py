@@ -8,8 +8,8 @@ so on these inputs the native form), "native" and, where kernels run, "kernel". 
 call is followed by nothing (launches are asynchronous: this is host time); the device is synchronized once per
 round.
 
-`--sizes` then times rms_norm, layer_norm and qk_norm_rope (heads of 128) per call at growing sizes, kernel against
-native, calls back to back:
+`--sizes` then times rms_norm, layer_norm, qk_norm_rope (heads of 128) and layer_norm_modulate (with the gated
+residual) per call at growing sizes, kernel against native, calls back to back:
 per call that is the larger of host and GPU time, so the ratio crosses 1 where the kernel starts to pay in eager
 mode (where `EAGER_KERNEL_MIN_NUMEL` comes from).
 
@@ -122,6 +122,13 @@ def sweep(device: str, dtype: torch.dtype, sizes: str) -> None:
                 return ops.qk_norm_rope(q, q, hw, hw, cos, sin, layout="bsnd")
 
             cases.append(("qk_norm_rope", qk, ()))
+        # a DiT block's gated residual + LayerNorm + modulation, one batch element ([1, rows, cols], params [1, 1, C])
+        p1 = torch.randn(1, 1, cols, device=device, dtype=dtype)
+
+        def lnm(x, p1=p1):
+            return ops.layer_norm_modulate(x[None], p1, p1, h=x[None], gate=p1)
+
+        cases.append(("layer_norm_modulate", lnm, ()))
         for name, fn, extra in cases:
 
             def under(policy, fn=fn, extra=extra, name=name, x=x):

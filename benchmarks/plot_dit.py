@@ -20,6 +20,7 @@ VARIANTS = (
     "ours native, compiled",
     "ours native + linear_gelu kernel, compiled",
     "ours auto + qk_norm_rope kernel, compiled",
+    "ours auto + layer_norm_modulate kernel, compiled",
     "ours kernel, compiled",
 )
 

@@ -193,6 +193,30 @@ def test_with_rope_the_q_k_norms_and_rotation_run_as_one_op_under_its_policy(tri
     assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_each_gated_residual_joins_the_next_norm(triton_device, impl):
+    # per forward: two layer_norm_modulate calls per block and the final norm's, each MLP's gated residual inside
+    # the next one (no gated_residual call of its own); a block called alone still finishes its residual itself
+    cfg = config("dit_s", **SMALL, rope="1d")
+    model = randomized(cfg, seed=3)
+    x, c = torch.randn(2, 11, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    with ops.policy(all=impl):
+        out, counts = counted(model, x, c)
+    ops_run = {op: n for (op, _, _), n in counts.items()}
+    assert ops_run == {"layer_norm_modulate": 2 * cfg.depth + 1, "qk_norm_rope": cfg.depth,
+                       "linear_gelu": cfg.depth, "attention": cfg.depth}  # fmt: skip
+    with torch.no_grad():
+        expected = twin(model, dtype=torch.float64)(x.double(), c.double())
+        block, plain_block = model.blocks[0], twin(model, dtype=torch.float64).blocks[0]
+        rope = model._rope(11)
+        with ops.policy(all=impl):
+            one, block_counts = counted(block, x, c, rope)
+        one_expected = plain_block(x.double(), c.double(), tuple(t.double() for t in rope))
+    assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-5
+    assert block_counts[("gated_residual", "eager", impl)] == 1
+    assert ((one.double() - one_expected).norm() / one_expected.norm()).item() < 1e-5
+
+
 def test_rope_tables_follow_the_device_but_stay_float32():
     cfg = config("dit_s", **SMALL, rope="video", grid=(2, 3, 5))
     model = DiT(cfg).to(torch.bfloat16)
@@ -239,7 +263,9 @@ def test_a_policy_change_recompiles_the_direct_forms(triton_device):
         with ops.policy(all=policy), torch.no_grad():
             out = compiled(x, c)
         traced = {
-            k[2] for k, v in ops.counters.items() if k[1] == "compiled" and k[0] == "modulate" and v > before.get(k, 0)
+            impl
+            for (op, mode, impl), n in ops.counters.items()
+            if mode == "compiled" and op == "layer_norm_modulate" and n > before.get((op, mode, impl), 0)
         }
         seen.append(traced)
         with torch.no_grad():

@@ -13,10 +13,11 @@ video (frames x height x width: the head dim split in three, each part rotated b
 the open video DiTs). `ada` starts at zero (adaLN-Zero: every block starts as the identity); randomize the weights
 to compare the two forms.
 
-`DiT` uses `fullgraph.ops` (layer_norm, modulate, gated_residual, qk_norm_rope (the q/k RMSNorm and RoPE as one
-op; RMSNorm alone without RoPE), linear_gelu, attention), so each op's policy picks native or kernel; `PlainDiT`
-writes the same computation with `F.layer_norm`, a rotate-half RoPE and SDPA, the way users write it today. Both
-load each other's state dicts: the comparison in the DiT issue.
+`DiT` uses `fullgraph.ops`: layer_norm_modulate (the gated residual, LayerNorm and modulation as one op; each MLP's
+gated residual is carried into the next block's first norm, the last into the final norm), qk_norm_rope (the q/k
+RMSNorm and RoPE as one op; RMSNorm alone without RoPE), linear_gelu and attention, so each op's policy picks native
+or kernel; `PlainDiT` writes the same computation with `F.layer_norm`, a rotate-half RoPE and SDPA, the way users
+write it today. Both load each other's state dicts: the comparison in the DiT issue.
 This module imports `ops` only (DESIGN.md, Layers): compile it from outside.
 """
 
@@ -138,37 +139,49 @@ class DiTBlock(nn.Module):
         self.heads, self.head_dim, self.eps = cfg.heads, cfg.head_dim, cfg.eps
         _block_params(self, cfg, ops.RMSNorm)
 
-    def forward(self, x, c, rope=None):
-        f = self._forms(x, rope is not None)
+    def forward(self, x, c, rope=None, pending=None, finish: bool = True):
+        """x [B, N, C] -> the block's output. The MLP's gated residual (x + gate2 * mlp) is the one step that can
+        join the next norm: with `finish=False` the block returns (x, pending) without it, pending = (mlp, gate2),
+        and the next block (or the stack's final norm) takes it as `pending`, adding it inside its own
+        `layer_norm_modulate`: one pass where the ops apart take several."""
+        f = self._forms(x, rope is not None, finish)
         # each [B, 1, C], in float32 (modulation's math is): one cast and one unsqueeze here, not one per use
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c)).float()[:, None].chunk(6, dim=-1)
-        h = f.modulate(f.layer_norm(x, None, None, self.eps), shift1, scale1)  # h: [B, N, C]
+        if pending is None:
+            h = f.layer_norm_modulate(x, shift1, scale1, self.eps)  # h: [B, N, C]
+        else:
+            h, x = f.layer_norm_modulate(x, shift1, scale1, self.eps, *pending)  # x: the previous block's output
         q, k, v = self.qkv(h).unflatten(-1, (3, self.heads, self.head_dim)).unbind(2)  # q: [B, N, H, D]
         if rope is not None:  # the norms and the rotation as one op (seq dim 1: [B, N, H, D])
             q, k = f.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, *rope, self.eps, False, 1)
         else:
             q, k = f.rms_norm(self.q_norm, q), f.rms_norm(self.k_norm, k)
         a = f.attention(q, k, v)  # a: [B, N, H, D]
-        x = f.gated_residual(x, self.proj(a.flatten(2)), gate1)
-        h = f.modulate(f.layer_norm(x, None, None, self.eps), shift2, scale2)
-        return f.gated_residual(x, self.fc2(f.linear_gelu(h, self.fc1.weight, self.fc1.bias, "tanh")), gate2)
+        h, x = f.layer_norm_modulate(x, shift2, scale2, self.eps, self.proj(a.flatten(2)), gate1)
+        mlp = self.fc2(f.linear_gelu(h, self.fc1.weight, self.fc1.bias, "tanh"))
+        return f.gated_residual(x, mlp, gate2) if finish else (x, (mlp, gate2))
 
-    def _forms(self, x, rope: bool):
+    def _forms(self, x, rope: bool, finish: bool):
         """The ops this call runs: in inference each op's chosen form called directly (`ops.direct`: the block's
         tensors are its own, made from inputs the stack checked, so the per-op checks and policy lookups are only
         host time eager and guards compiled), else (autograd records) the checked ops of `fullgraph.ops`."""
         policy = self.q_norm.policy
         if not direct.usable() or policy != self.k_norm.policy:
             return _CHECKED
-        calls = _CALLS_ROPE if rope else _CALLS
+        calls = _CALLS[rope, finish]
         return direct.direct(x.device, x.numel(), calls, (("rms_norm", policy),) if policy else ())
 
 
-# A block's calls of each op, for `ops.direct`'s counts (attention counts its own). With RoPE the q/k norms run
-# inside op qk_norm_rope, whose policy (not the norm modules' own) picks their form.
-_CALLS = "layer_norm:2,modulate:2,rms_norm:2,gated_residual:2,linear_gelu:1"
-_CALLS_ROPE = "layer_norm:2,modulate:2,qk_norm_rope:1,gated_residual:2,linear_gelu:1"
-_CALLS_FINAL = "layer_norm:1,modulate:1"
+# A block's calls of each op, for `ops.direct`'s counts (attention counts its own), by (RoPE, finish). With RoPE
+# the q/k norms run inside op qk_norm_rope, whose policy (not the norm modules' own) picks their form; the norms
+# and modulations inside op layer_norm_modulate.
+_CALLS = {
+    (rope, finish): f"layer_norm_modulate:2,{'qk_norm_rope:1' if rope else 'rms_norm:2'},linear_gelu:1"
+    + (",gated_residual:1" if finish else "")
+    for rope in (False, True)
+    for finish in (False, True)
+}
+_CALLS_FINAL = "layer_norm_modulate:1"
 
 
 def _norm_module(module, x):
@@ -188,10 +201,14 @@ def _checked_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, 
     return ops.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=eps, interleaved=interleaved, layout=layout)
 
 
+def _checked_layer_norm_modulate(x, shift, scale, eps, h=None, gate=None):
+    return ops.layer_norm_modulate(x, shift, scale, eps, h=h, gate=gate)
+
+
 # The same forms through fullgraph.ops' checked entries (rms_norm as the block's own module, with its policy).
 _CHECKED = direct.Direct(
     ops.layer_norm, _norm_module, ops.modulate, ops.gated_residual, _checked_rope, ops.linear_gelu,
-    _checked_qk_norm_rope, _checked_attention, {},
+    _checked_qk_norm_rope, _checked_layer_norm_modulate, _checked_attention, {},
 )  # fmt: skip
 
 
@@ -223,8 +240,8 @@ def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 class _Stack(nn.Module):
-    """What both forms share: the parameters (same names, so state dicts load across), the RoPE tables, the checks
-    and the forward; the blocks (`block_cls`) and the final norm (`_final_norm`) are each form's own."""
+    """What both forms share: the parameters (same names, so state dicts load across), the RoPE tables and the
+    checks; the blocks (`block_cls`) and the forward are each form's own."""
 
     block_cls: type[nn.Module]
 
@@ -239,15 +256,6 @@ class _Stack(nn.Module):
         self.final = nn.Linear(cfg.dim, cfg.out_dim or cfg.dim)
         nn.init.zeros_(self.final_ada.weight)
         nn.init.zeros_(self.final_ada.bias)
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """x: tokens [B, N, dim]; c: conditioning [B, dim] (timestep and class embedding, summed)."""
-        self._check(x, c)
-        rope = self._rope(x.shape[1])
-        for block in self.blocks:
-            x = block(x, c, rope)
-        shift, scale = self.final_ada(F.silu(c)).chunk(2, dim=-1)
-        return self.final(self._final_norm(x, shift, scale))
 
     def _check(self, x: torch.Tensor, c: torch.Tensor) -> None:
         if x.ndim != 3 or x.shape[-1] != self.cfg.dim:
@@ -275,9 +283,18 @@ class DiT(_Stack):
             self.rope_cos, self.rope_sin = (t.to(self.rope_cos.device) for t in tables)
         return self
 
-    def _final_norm(self, x, shift, scale):
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """x: tokens [B, N, dim]; c: conditioning [B, dim]. Each block hands its MLP's gated residual to the next
+        block's first norm (`DiTBlock.forward`, finish=False), the last one to the final norm."""
+        self._check(x, c)
+        rope = self._rope(x.shape[1])
+        pending = None
+        for block in self.blocks:
+            x, pending = block(x, c, rope, pending, finish=False)
+        shift, scale = self.final_ada(F.silu(c)).float()[:, None].chunk(2, dim=-1)  # [B, 1, C], as the blocks'
         f = direct.direct(x.device, x.numel(), _CALLS_FINAL) if direct.usable() else _CHECKED
-        return f.modulate(f.layer_norm(x, None, None, self.cfg.eps), shift, scale)
+        y, _ = f.layer_norm_modulate(x, shift, scale, self.cfg.eps, *pending)
+        return self.final(y)
 
 
 class PlainDiT(_Stack):
@@ -285,8 +302,15 @@ class PlainDiT(_Stack):
 
     block_cls = PlainDiTBlock
 
-    def _final_norm(self, x, shift, scale):
-        return F.layer_norm(x, x.shape[-1:], eps=self.cfg.eps) * (1 + scale[:, None]) + shift[:, None]
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """x: tokens [B, N, dim]; c: conditioning [B, dim] (timestep and class embedding, summed)."""
+        self._check(x, c)
+        rope = self._rope(x.shape[1])
+        for block in self.blocks:
+            x = block(x, c, rope)
+        shift, scale = self.final_ada(F.silu(c)).chunk(2, dim=-1)
+        x = F.layer_norm(x, x.shape[-1:], eps=self.cfg.eps) * (1 + scale[:, None]) + shift[:, None]
+        return self.final(x)
 
 
 def dit(name: str = "dit_s", plain: bool = False, **overrides) -> nn.Module:

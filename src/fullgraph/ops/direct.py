@@ -25,7 +25,14 @@ from fullgraph.ops.attention import _resolve as _resolve_attention
 from fullgraph.ops.attention import compiled_auto, policy_backend
 from fullgraph.ops.custom_op import choose, counters, decided
 from fullgraph.ops.linear import linear_gelu_kernel, linear_gelu_native
-from fullgraph.ops.modulation import gated_residual_kernel, gated_residual_native, modulate_kernel, modulate_native
+from fullgraph.ops.modulation import (
+    gated_residual_kernel,
+    gated_residual_native,
+    layer_norm_modulate_kernel,
+    layer_norm_modulate_native,
+    modulate_kernel,
+    modulate_native,
+)
 from fullgraph.ops.norms import layer_norm_kernel, layer_norm_native, rms_norm_kernel, rms_norm_native
 from fullgraph.ops.policies import version
 from fullgraph.ops.rope import qk_norm_rope_kernel, qk_norm_rope_native, rope_kernel, rope_native
@@ -56,6 +63,7 @@ FORMS = {
     "rope": (rope_native, rope_kernel),
     "linear_gelu": (linear_gelu_native, linear_gelu_kernel),
     "qk_norm_rope": (_qk_norm_rope_native, _qk_norm_rope_kernel),
+    "layer_norm_modulate": (layer_norm_modulate_native, layer_norm_modulate_kernel),
 }
 
 
@@ -75,6 +83,7 @@ class Direct(NamedTuple):
     """The chosen forms: layer_norm(x, weight, bias, eps), rms_norm(module, x) for an `ops.RMSNorm`, modulate(x, shift,
     scale), gated_residual(x, h, gate), rope(x, cos, sin, interleaved, seq_dim), linear_gelu(x, weight, bias,
     approximate), qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, seq_dim) -> (q, k),
+    layer_norm_modulate(x, shift, scale, eps, h=None, gate=None) -> y, or (y, s) with h and gate,
     attention(q, k, v) with q, k, v [B, N, H, D] (no mask, not causal; returns [B, N, H, D])."""
 
     layer_norm: object
@@ -84,6 +93,7 @@ class Direct(NamedTuple):
     rope: object
     linear_gelu: object
     qk_norm_rope: object
+    layer_norm_modulate: object
     attention: object
     impls: dict  # op -> "native" | "kernel"
 
@@ -204,6 +214,7 @@ def _traced(device, numel, calls, policies) -> Direct:
         rope_kernel if kernel[4] else rope_native,
         linear_gelu_kernel if kernel[5] else linear_gelu_native,
         _qk_norm_rope_kernel if kernel[6] else _qk_norm_rope_native,
+        layer_norm_modulate_kernel if kernel[7] else layer_norm_modulate_native,
         _attention_traced,
         {},
     )

@@ -1,18 +1,18 @@
 """Suite `dit`: the DiT stack built from our ops against its plain-PyTorch twin, compiled and eager, side by side.
 
-Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), nine ways:
+Per token count, the same weights (`fullgraph.models.dit`: `DiT` and `PlainDiT` load one state dict), ten ways:
 plain compiled and eager (`torch.compile(fullgraph=True)`, default mode: what users run), ours compiled with every
-op's policy `auto`, `kernel` and `native` (attention included: native is torch's SDPA, kernel our Triton
-kernel), ours compiled all native but for one fused op's kernel (`linear_gelu`: the in-graph measurement of that
-fusion), ours compiled `auto` but for `qk_norm_rope`'s kernel (the q/k norms and RoPE in one pass, against
-Inductor's fusion of their native forms: the measurement its `measured.py` entry waits for), and ours eager with
-`auto`. Each variant is called inside its policy
-context (a policy change recompiles: Dynamo guards on it). Latency: the median of ROUNDS interleaved rounds (CUDA
-events, or the CPU clock), with the lowest and highest round median; each compiled variant's ratio to plain
-compiled is the suite's verdict (issue: our ops must never make a compiled model slower). Error: against the plain
-twin in float32. A second instance of the plain twin, compiled apart, gives the noise floor of a ratio. With
---breakdown, where the GPU time goes (torch.profiler, kernel classes) for plain compiled, ours auto compiled and the
-fusions' variants.
+op's policy `auto`, `kernel` and `native` (attention included: native is torch's SDPA, kernel our Triton kernel),
+ours compiled all native but for one fused op's kernel (`linear_gelu`: the in-graph measurement of that fusion),
+ours compiled `auto` but for one fused op's kernel, `qk_norm_rope` (the q/k norms and RoPE in one pass) or
+`layer_norm_modulate` (gated residual, LayerNorm and modulation in one pass), each against Inductor's fusion of
+their native forms (the measurements their `measured.py` entries wait for), and ours eager with `auto`. Each variant
+is called inside its policy context (a policy change recompiles: Dynamo guards on it). Latency: the median of ROUNDS
+interleaved rounds (CUDA events, or the CPU clock), with the lowest and highest round median; each compiled
+variant's ratio to plain compiled is the suite's verdict (issue: our ops must never make a compiled model slower).
+Error: against the plain twin in float32. A second instance of the plain twin, compiled apart, gives the noise floor
+of a ratio. With --breakdown, where the GPU time goes (torch.profiler, kernel classes) for plain compiled, ours auto
+compiled and the fusions' variants.
 
 Defaults: on a GPU the issue's stack (dim 3072, 24 heads, 4 blocks, bf16, batch 1) at 1024, 4096 and 16384 tokens;
 on the CPU a small stack (dim 128, 2 heads, 2 blocks) at 64 tokens, fp32.
@@ -46,9 +46,15 @@ POLICIES = {
     "native": "none",
     "native + linear_gelu kernel": "none,+linear_gelu",
     "auto + qk_norm_rope kernel": "all=auto,+qk_norm_rope",
+    "auto + layer_norm_modulate kernel": "all=auto,+layer_norm_modulate",
 }
-BREAKDOWN = ("plain, compiled", "ours auto, compiled", "ours native + linear_gelu kernel, compiled",
-             "ours auto + qk_norm_rope kernel, compiled")  # fmt: skip
+BREAKDOWN = (
+    "plain, compiled",
+    "ours auto, compiled",
+    "ours native + linear_gelu kernel, compiled",
+    "ours auto + qk_norm_rope kernel, compiled",
+    "ours auto + layer_norm_modulate kernel, compiled",
+)
 
 
 def parse_tokens(spec: str | None, gpu: bool) -> tuple[int, ...]:
