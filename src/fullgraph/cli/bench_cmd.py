@@ -87,6 +87,14 @@ SUITES = {
             ("--batch", {"type": int, "default": 1, "help": "batch size (default 1)"}),
             ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
             ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, plain and ours compiled"}),
+            (
+                "--policies",
+                {
+                    "default": None,
+                    "help": "more compiled variants of ours, each a FULLGRAPH_OPS spec, separated by ';' (e.g. "
+                    "'all=auto,+qk_norm_rope,+layer_norm_modulate'); with --breakdown, profiled too",
+                },
+            ),
         ],
     ),
     "nms": (

@@ -96,6 +96,13 @@ def parse_spec(spec: str) -> dict[str, Policy]:
     return out
 
 
+def check_spec(spec: str) -> dict[str, Policy]:
+    """`parse_spec`, with every op name checked against the known ops (a one-line UsageError otherwise)."""
+    parsed = parse_spec(spec)
+    _check_ops(parsed)
+    return parsed
+
+
 def load_env(spec: str | None = None) -> None:
     """(Re)read FULLGRAPH_OPS (or `spec`). Unknown op names are checked when a policy is resolved."""
     for key in [k for k in _state if k.startswith("env:")]:

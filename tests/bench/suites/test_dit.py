@@ -26,3 +26,15 @@ def test_suite_times_ours_and_the_plain_twin_compiled_and_eager(tmp_path, capsys
 def test_bad_tokens(spec):
     with pytest.raises(UsageError, match="--tokens"):
         suite.parse_tokens(spec, gpu=False)
+
+
+def test_extra_policies_are_checked_and_labelled_by_their_spec():
+    assert suite.extra_policies("all=auto,+qk_norm_rope; none,+layer_norm_modulate") == {
+        "all=auto,+qk_norm_rope": "all=auto,+qk_norm_rope",
+        "none,+layer_norm_modulate": "none,+layer_norm_modulate",
+    }
+    assert suite.extra_policies(None) == {}
+    with pytest.raises(UsageError, match="unknown op"):
+        suite.extra_policies("+qk_rope")
+    with pytest.raises(UsageError, match="cannot read"):
+        suite.extra_policies("fast")

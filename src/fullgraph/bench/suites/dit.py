@@ -32,7 +32,7 @@ from fullgraph.bench.suites import DTYPES, parse_sizes
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
 from fullgraph.models.dit import DiT, PlainDiT, config
-from fullgraph.ops.policies import parse_spec
+from fullgraph.ops.policies import check_spec, parse_spec
 from fullgraph.timing import resolve_device, round_medians
 
 ROUNDS = 5
@@ -95,10 +95,11 @@ def run(args) -> tuple[list[Result], str]:
     twin = PlainDiT(cfg).eval().to(device, dtype)  # a second instance of the same weights: the noise floor
     twin.load_state_dict(plain.state_dict())
     twin_c = torch.compile(twin, fullgraph=True, mode=mode)
+    extra = extra_policies(getattr(args, "policies", None))
     variants = {
         "plain, compiled": (plain_c, None),
         "plain again (second instance), compiled": (twin_c, None),
-        **{f"ours {label}, compiled": (ours_c, spec) for label, spec in POLICIES.items()},
+        **{f"ours {label}, compiled": (ours_c, spec) for label, spec in {**POLICIES, **extra}.items()},
         "ours auto, eager": (ours, "all=auto"),
         "plain, eager": (plain, None),
     }
@@ -109,6 +110,16 @@ def run(args) -> tuple[list[Result], str]:
         _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, table)
     text = format_table(["point", "variant", "ms", "rounds", "plain compiled / this", "rel err vs fp32"], table)
     return rows, text
+
+
+def extra_policies(spec: str | None) -> dict[str, str]:
+    """--policies "spec;spec" -> {label: spec}, each spec checked now (FULLGRAPH_OPS syntax, known ops only)."""
+    out = {}
+    for item in (s.strip() for s in (spec or "").split(";")):
+        if item:
+            check_spec(item)
+            out[item] = item
+    return out
 
 
 def compile_mode(args) -> str | None:
@@ -161,7 +172,8 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
             rows += make_rows("dit", point, name, metrics, params)
             table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", base / med, errors[name]])
         if args.breakdown:
-            for name in (n for n in BREAKDOWN if n in live):
+            extra = [f"ours {label}, compiled" for label in extra_policies(getattr(args, "policies", None))]
+            for name in (n for n in (*BREAKDOWN, *extra) if n in live):
                 fn, pol = variants[name]
                 b = profile_breakdown(lambda fn=fn, pol=pol: call(fn, pol), device=device, label=name, dtype=dtype)
                 # each class's kernel launches too, and the GPU's idle share of the call: the wall time over the
