@@ -12,10 +12,16 @@
   `inductor-tma+add`, F.linear(a, W, b) + x compiled so, where a Triton template that wins takes the add into its
   epilogue.
 
-Prints µs, TFLOP/s and, for the memory-bound extra passes, GB/s, each variant timed under a CUDA graph, side by side
-in interleaved rounds; then attention at the block's shape per SDPA backend and ours. Needs a GPU.
+- `linear-pad64`, `linear-pad128`: F.linear on the rows padded up to a multiple of 64 or 128 (a model could carry
+  pad rows through its row-wise ops): at batch 4 (788 rows) the 2026-12-02 run had proj (788x768x768, 0.9 GFLOP)
+  at 16.0 µs and qkv at 17.6 against fc1 (3.7 GFLOP) at 11.5, which looks like the row count's tiling.
 
-Run: PYTHONPATH=src python3 benchmarks/vit_gemm_probe.py [--batches 256,4] [--csv F]
+Prints µs, TFLOP/s and, for the memory-bound extra passes, GB/s, each variant timed under a CUDA graph of `--inner`
+back-to-back calls (the graph's own launch, several µs, spread over them; the 2026-12-02 run had one call per graph,
+so its small-batch times include that launch), side by side in interleaved rounds; then attention at the block's
+shape per SDPA backend and ours. Needs a GPU.
+
+Run: PYTHONPATH=src python3 benchmarks/vit_gemm_probe.py [--batches 256,4] [--inner 10] [--csv F]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ TOKENS, DIM, HIDDEN, HEADS = 197, 768, 3072, 12
 SHAPES = {"qkv": (DIM, 3 * DIM), "proj": (DIM, DIM), "fc1": (DIM, HIDDEN), "fc2": (HIDDEN, DIM)}
 RESIDUAL = ("proj", "fc2")  # the GEMMs whose output joins the residual stream
 DEV = "cuda"  # --device cpu: a smoke run of the script itself (its figures mean nothing there)
+INNER = 10  # calls per timed CUDA graph (--inner)
 
 
 def median_rounds(fns: dict, rounds: int, reps: int) -> dict[str, float]:
@@ -42,7 +49,7 @@ def median_rounds(fns: dict, rounds: int, reps: int) -> dict[str, float]:
     got: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
-            got[k].append(measure(fn, device=DEV, warmup=3, reps=reps, graph=DEV == "cuda").median_ms)
+            got[k].append(measure(fn, device=DEV, warmup=3, reps=reps, inner=INNER, graph=DEV == "cuda").median_ms)
     return {k: statistics.median(v) for k, v in got.items()}
 
 
@@ -56,6 +63,10 @@ def gemm_variants(m: int, k: int, n: int, residual: bool) -> dict:
     compiled = torch.compile(lambda a: F.linear(a, w, b), mode=mode)
     compiled_tma = torch.compile(lambda a: F.linear(a, w, b), options=tma)
     fns = {"linear": lambda: F.linear(a, w, b), "inductor": lambda: compiled(a)}
+    for step in (64, 128):
+        if m % step:
+            padded = torch.randn(-(-m // step) * step, k, device=DEV, dtype=torch.bfloat16)
+            fns[f"linear-pad{step}"] = lambda padded=padded: F.linear(padded, w, b)
     fns["inductor-tma"] = lambda: compiled_tma(a)
     if residual:
         with_add = torch.compile(lambda a, x: F.linear(a, w, b) + x, options=tma)
@@ -89,11 +100,12 @@ def main() -> int:
     p.add_argument("--batches", default="256,4")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--inner", type=int, default=10, help="calls per timed CUDA graph")
     p.add_argument("--csv", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = p.parse_args()
-    global DEV
-    DEV = args.device
+    global DEV, INNER
+    DEV, INNER = args.device, args.inner
     if DEV == "cuda" and not torch.cuda.is_available():
         print("vit_gemm_probe.py needs a CUDA GPU (--device cpu runs it as a smoke test)", file=sys.stderr)
         return 2
