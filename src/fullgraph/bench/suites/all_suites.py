@@ -25,7 +25,16 @@ DEFAULTS = {
     "vit": {"batches": None, "config": None, "modes": None, "dtype": None, "breakdown": False, "presets": None},
     "nms": {"boxes": None, "batches": None, "iou": 0.5, "score_threshold": 0.05, "top_k": 1000, "capacity": 100},
     "robot": {"config": None, "n": None, "warmup": 2, "ways": None, "dtype": "fp32", "seed": 0},
-    "dit": {"tokens": None, "mode": None, "config": None, "depth": None, "batch": 1, "dtype": None, "breakdown": False},
+    "dit": {
+        "tokens": None,
+        "mode": None,
+        "config": None,
+        "depth": None,
+        "batch": 1,
+        "dtype": None,
+        "breakdown": False,
+        "policies": None,
+    },
 }
 
 
