@@ -352,6 +352,41 @@ def test_training_gradients_through_the_class_token_shortcut_are_the_full_models
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_a_hooked_or_replaced_last_block_gets_its_usual_call():
+    # tools that watch the last block (a forward hook) or replace its forward see the call they expect: (x) alone
+    cfg = config("vit_tiny", **SMALL)
+    model = loaded(ViT, cfg, timm_state_dict(cfg))
+    img = torch.randn(2, 3, *cfg.img_size)
+    with torch.no_grad():
+        expected = full_logits(model, img)
+    seen = []
+    handle = model.blocks[-1].register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs), with_kwargs=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(img), expected, rtol=1e-5, atol=1e-5)
+    handle.remove()
+    assert seen == [{}]
+    block = model.blocks[-1]
+    block.forward = lambda x: type(block).forward(block, x)  # an instance forward that takes x alone
+    with torch.no_grad():
+        torch.testing.assert_close(model(img), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_per_block_regional_compile_keeps_one_graph_for_every_block():
+    # the last block's first_only form would be a second graph (a recompile) under per-block compilation
+    import fullgraph
+
+    cfg = config("vit_tiny", **SMALL)
+    model = loaded(ViT, cfg, timm_state_dict(cfg))
+    img = torch.randn(2, 3, *cfg.img_size)
+    with torch.no_grad():
+        expected = full_logits(model, img)
+    torch._dynamo.reset()
+    cm = fullgraph.compile(model, "dev", regional=True)
+    for _ in range(2):
+        torch.testing.assert_close(cm(img), expected, rtol=1e-4, atol=1e-5)
+    assert cm.stats.frames_compiled == 1 and cm.stats.recompiles == ()
+
+
 def test_a_customized_last_block_computes_every_token_and_keeps_the_first():
     cfg = config("vit_tiny", **SMALL)
     model = loaded(ViT, cfg, timm_state_dict(cfg))
