@@ -288,3 +288,30 @@ def test_compiled_counts_follow_a_kernel_entry_below_its_size_floor(triton_devic
     assert direct_counts[("linear_gelu", "compiled", "native")] == SMALL["depth"]
     assert direct_counts == checked_counts
     torch.testing.assert_close(direct_out, checked_out, rtol=1e-6, atol=1e-6)
+
+
+def test_watched_or_regionally_compiled_blocks_get_their_usual_call():
+    # a hooked block sees (x, c, rope) alone, with the previous block's residual already added; a per-block regional
+    # compile keeps one graph for every block (the hand-off's `pending` would make the first block's graph differ)
+    import fullgraph
+
+    cfg = config("dit_s", **SMALL, rope="1d")
+    model = randomized(cfg, seed=6)
+    x, c = torch.randn(2, 13, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    with torch.no_grad():
+        expected = twin(model, dtype=torch.float64)(x.double(), c.double())
+    seen = []
+    handle = model.blocks[1].register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append((len(args), sorted(kwargs))), with_kwargs=True
+    )
+    with torch.no_grad():
+        out = model(x, c)
+    handle.remove()
+    assert seen == [(3, [])]
+    assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-5
+    torch._dynamo.reset()
+    cm = fullgraph.compile(model, "dev", regional=True)
+    for _ in range(2):
+        out = cm(x, c)
+    assert cm.stats.frames_compiled == 1 and cm.stats.recompiles == ()
+    assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-4

@@ -31,6 +31,7 @@ from torch import nn
 
 from fullgraph import ops
 from fullgraph.errors import UsageError
+from fullgraph.models._calls import must_call_as_usual
 from fullgraph.ops import direct
 
 
@@ -290,11 +291,21 @@ class DiT(_Stack):
         rope = self._rope(x.shape[1])
         pending = None
         for block in self.blocks:
-            x, pending = block(x, c, rope, pending, finish=False)
+            if must_call_as_usual(block):  # watched or replaced: its usual call, on a finished x
+                x = x if pending is None else self._forms(x, "gated_residual:1").gated_residual(x, *pending)
+                x, pending = block(x, c, rope), None
+            else:
+                x, pending = block(x, c, rope, pending, finish=False)
         shift, scale = self.final_ada(F.silu(c)).float()[:, None].chunk(2, dim=-1)  # [B, 1, C], as the blocks'
-        f = direct.direct(x.device, x.numel(), _CALLS_FINAL) if direct.usable() else _CHECKED
-        y, _ = f.layer_norm_modulate(x, shift, scale, self.cfg.eps, *pending)
-        return self.final(y)
+        f = self._forms(x, _CALLS_FINAL)
+        if pending is None:
+            return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps))
+        return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps, *pending)[0])
+
+    @staticmethod
+    def _forms(x, calls: str):
+        """The stack's own ops (outside the blocks): direct forms in inference, else the checked ops."""
+        return direct.direct(x.device, x.numel(), calls) if direct.usable() else _CHECKED
 
 
 class PlainDiT(_Stack):

@@ -31,6 +31,7 @@ from torch import nn
 
 from fullgraph import ops
 from fullgraph.errors import UsageError
+from fullgraph.models._calls import must_call_as_usual
 from fullgraph.ops import direct
 
 
@@ -293,18 +294,8 @@ class ViT(nn.Module):
         x = self._tokens(img)
         for block in self.blocks[:-1]:
             x = block(x)
-        last = self.blocks[-1]
-        # Something watching or replacing the last block (a forward hook, as regional AOT's export probe and
-        # profilers set; an instance forward, as its package runner and users' patches are; a per-block compile,
-        # which would compile the first_only form as a second graph) expects its usual call: then it computes every
-        # token and the class token's row is kept.
-        watched = (
-            last._forward_pre_hooks
-            or last._forward_hooks
-            or "forward" in last.__dict__
-            or last._compiled_call_impl is not None
-        )
-        x = last(x)[:, :1] if watched else last(x, first_only=True)
+        last = self.blocks[-1]  # watched or replaced (`must_call_as_usual`): every token computed, the first kept
+        x = last(x)[:, :1] if must_call_as_usual(last) else last(x, first_only=True)
         return self.head(self.norm(x)[:, 0])
 
     def _tokens(self, img: torch.Tensor) -> torch.Tensor:
