@@ -352,13 +352,18 @@ def test_training_gradients_through_the_class_token_shortcut_are_the_full_models
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_a_hooked_or_replaced_last_block_gets_its_usual_call():
-    # tools that watch the last block (a forward hook) or replace its forward see the call they expect: (x) alone
+def shortcut_case():
+    """A small ViT with timm-layout weights, an input, and its logits the full way (`full_logits`)."""
     cfg = config("vit_tiny", **SMALL)
     model = loaded(ViT, cfg, timm_state_dict(cfg))
     img = torch.randn(2, 3, *cfg.img_size)
     with torch.no_grad():
-        expected = full_logits(model, img)
+        return model, img, full_logits(model, img)
+
+
+def test_a_hooked_or_replaced_last_block_gets_its_usual_call():
+    # tools that watch the last block (a forward hook) or replace its forward see the call they expect: (x) alone
+    model, img, expected = shortcut_case()
     seen = []
     handle = model.blocks[-1].register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs), with_kwargs=True)
     with torch.no_grad():
@@ -375,11 +380,7 @@ def test_per_block_regional_compile_keeps_one_graph_for_every_block():
     # the last block's first_only form would be a second graph (a recompile) under per-block compilation
     import fullgraph
 
-    cfg = config("vit_tiny", **SMALL)
-    model = loaded(ViT, cfg, timm_state_dict(cfg))
-    img = torch.randn(2, 3, *cfg.img_size)
-    with torch.no_grad():
-        expected = full_logits(model, img)
+    model, img, expected = shortcut_case()
     torch._dynamo.reset()
     cm = fullgraph.compile(model, "dev", regional=True)
     for _ in range(2):

@@ -20,6 +20,7 @@ import functools
 import torch
 
 from fullgraph.kernels._library import as_rows, kernel_op, launch, require_triton, row_launch_config
+from fullgraph.kernels.modulate import groups
 
 
 @functools.cache
@@ -88,14 +89,14 @@ def launch_row_norm(
     s_out = torch.empty_like(y_out) if residual is not None else y_out
     y, s = y_out.view(-1, n_cols), s_out.view(-1, n_cols)
     param = gate if gate is not None else shift
-    n_groups = param.numel() // n_cols if param is not None else 1
+    n_groups, per_group = groups(x2, param) if param is not None else (1, n_rows)
     g, sh, sc = (p.reshape(n_groups, n_cols).contiguous() if p is not None else x2 for p in (gate, shift, scale))
     if n_rows:
         block_n, rows, num_warps = row_launch_config(n_cols, n_rows)
         grid = ((n_rows + rows - 1) // rows,)
         launch(_row_norm_fwd_kernel())[grid](
             x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s, g, sh, sc,
-            n_rows, n_cols, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), max(n_rows // n_groups, 1), eps,
+            n_rows, n_cols, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), max(per_group, 1), eps,
             CENTER=center, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
             HAS_BIAS=bias is not None, GATE=gate is not None, MODULATE=shift is not None,
             ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,

@@ -133,8 +133,8 @@ def _launch(q, k, q_weight, k_weight, cos, sin, q_eps, k_eps, interleaved, seq_d
         has_weight = q_weight is not None
         qt, kt = tensors[0], tensors[-1]  # one tensor: it stands in for k too, and axis 1 never reaches k
         per_tensor = []
-        for t in (qt, kt):
-            per_tensor += [t.shape[0] * t.shape[1] * t.shape[2], t.shape[1], t.shape[2], *t.stride()[:3]]
+        for t, n in ((qt, n_rows[0]), (kt, n_rows[-1])):
+            per_tensor += [n, t.shape[1], t.shape[2], *t.stride()[:3]]
         launch(_rope_fwd_kernel())[((max(n_rows) + rows - 1) // rows, len(tensors))](
             qt, kt, q_weight if has_weight else qt, k_weight if has_weight else kt, outs[0], outs[-1], cos, sin,
             *per_tensor, cos.stride(0), sin.stride(0), head_dim, half, q_eps, k_eps,
@@ -180,5 +180,4 @@ def qk_norm_rope_fwd(
     with a unit channel stride (else copied first); the weights [D] (both given or neither); cos/sin [N, rotary_dim
     / 2]. Outputs are contiguous in the inputs' dtypes. Inputs are checked by `fullgraph.ops.rope.qk_norm_rope`.
     """
-    q_out, k_out = _launch(q, k, q_weight, k_weight, cos, sin, q_eps, k_eps, interleaved, seq_dim, norm=True)
-    return q_out, k_out
+    return _launch(q, k, q_weight, k_weight, cos, sin, q_eps, k_eps, interleaved, seq_dim, norm=True)

@@ -202,7 +202,7 @@ class Block(nn.Module):
         plain = _plain_attention(attn)
         if not direct.usable() or n2.policy != policy or not plain:
             if first_only and plain:  # the checked ops (autograd records), the first token's rows only
-                q, k, v = _first_query(attn, n1(x))
+                q, k, v = _qkv(attn, n1(x), first_only)
                 x = x[:, :1] + attn.proj(ops.attention(q, k, v, layout="bsnd").flatten(2))
                 return x + mlp(n2(x))
             x = x + attn(n1(x))  # x: [B, 1 + N, D]; the checked ops (autograd records, or a customized block)
@@ -211,23 +211,19 @@ class Block(nn.Module):
         # Inference: each op's form chosen once per block and called without per-op checks (`ops.direct`: less
         # host time eager, fewer guards compiled), computing what the modules above compute.
         f = direct.direct(x.device, x.numel(), _CALLS, (("layer_norm", policy),) if policy else ())
-        h = f.layer_norm(x, n1.weight, n1.bias, n1.eps)
-        if first_only:
-            q, k, v = _first_query(attn, h)
-            x = x[:, :1]
-        else:
-            q, k, v = attn.qkv(h).unflatten(-1, (3, attn.heads, -1)).unbind(2)
-        x = x + attn.proj(f.attention(q, k, v).flatten(2))  # q: [B, 1 + N or 1, H, D]; k, v: [B, 1 + N, H, D]
+        q, k, v = _qkv(attn, f.layer_norm(x, n1.weight, n1.bias, n1.eps), first_only)
+        # q: [B, 1 + N, H, D], or [B, 1, H, D] with first_only; k, v: [B, 1 + N, H, D]
+        x = (x[:, :1] if first_only else x) + attn.proj(f.attention(q, k, v).flatten(2))
         h = f.layer_norm(x, n2.weight, n2.bias, n2.eps)
         return x + mlp.fc2(f.linear_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.approximate))
 
 
-def _first_query(attn: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q for h's first token, k and v for all: [B, 1, H, D] and [B, T, H, D] each. The fused QKV GEMM stays whole
-    (one launch; the T - 1 other queries are a ninth of the block's GEMM work, and two GEMMs cost a launch more
-    where a small batch is launch-bound); attention, the projection and the MLP see the first row alone."""
+def _qkv(attn: nn.Module, h: torch.Tensor, first_only: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [B, T, H, D] from the fused QKV projection; with `first_only`, q for h's first token alone,
+    [B, 1, H, D]. The GEMM stays whole even then (one launch; the T - 1 other queries are a ninth of the block's GEMM
+    work, and two GEMMs cost a launch more where a small batch is launch-bound)."""
     q, k, v = attn.qkv(h).unflatten(-1, (3, attn.heads, -1)).unbind(2)
-    return q[:, :1], k, v
+    return (q[:, :1] if first_only else q), k, v
 
 
 _CALLS = "layer_norm:2,linear_gelu:1"  # a block's calls of each op, for `ops.direct`'s counts
