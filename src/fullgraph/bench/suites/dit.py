@@ -90,11 +90,13 @@ def run(args) -> tuple[list[Result], str]:
     ours, plain = ours.to(device, dtype), plain.to(device, dtype)
     torch._dynamo.reset()
     mode = compile_mode(args)
-    ours_c = torch.compile(ours, fullgraph=True, mode=mode)
-    plain_c = torch.compile(plain, fullgraph=True, mode=mode)
+    # dynamic=False: each token count is its own static graph, as a model compiled for one resolution runs; without
+    # it the second count recompiles every variant with the token dimension symbolic (automatic dynamic shapes)
+    ours_c = torch.compile(ours, fullgraph=True, dynamic=False, mode=mode)
+    plain_c = torch.compile(plain, fullgraph=True, dynamic=False, mode=mode)
     twin = PlainDiT(cfg).eval().to(device, dtype)  # a second instance of the same weights: the noise floor
     twin.load_state_dict(plain.state_dict())
-    twin_c = torch.compile(twin, fullgraph=True, mode=mode)
+    twin_c = torch.compile(twin, fullgraph=True, dynamic=False, mode=mode)
     extra = extra_policies(getattr(args, "policies", None))
     variants = {
         "plain, compiled": (plain_c, None),
