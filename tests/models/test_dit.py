@@ -315,3 +315,40 @@ def test_watched_or_regionally_compiled_blocks_get_their_usual_call():
         out = cm(x, c)
     assert cm.stats.frames_compiled == 1 and cm.stats.recompiles == ()
     assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-4
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_modulation_parameters_reach_the_fused_kernel_in_the_input_dtype(triton_device, impl):
+    # The kernel upcasts shift, scale and gate itself: handed float32 slices of the adaLN output, the compiled graph
+    # wrote each one out as a float32 copy before the kernel (a launch per parameter on the H200). Native forms get
+    # float32 (one cast, not one per use); both compute the same numbers.
+    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=5).to(triton_device, torch.bfloat16)
+    x = torch.randn(1, 13, SMALL["dim"], device=triton_device, dtype=torch.bfloat16)
+    c = torch.randn(1, SMALL["dim"], device=triton_device, dtype=torch.bfloat16)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with ops.policy(layer_norm_modulate=impl), torch.no_grad():
+        out = torch.compile(model, fullgraph=True, backend=backend)(x, c)
+        eager = model(x, c)
+    (gm,) = graphs
+    fused = [n for n in gm.graph.nodes if "layer_norm_modulate" in str(n.target)]
+    params = [
+        a
+        for n in fused
+        for a in n.args
+        if isinstance(a, torch.fx.Node) and a.meta["example_value"].ndim == 3 and a.meta["example_value"].shape[1] == 1
+    ]  # fmt: skip  (the [B, 1, C] shift, scale, gate)
+    if impl == "kernel":
+        assert len(fused) == 2 * model.cfg.depth + 1
+        assert params and {p.meta["example_value"].dtype for p in params} == {torch.bfloat16}
+    else:
+        assert not fused  # the native form traces as its aten ops
+    with torch.no_grad():
+        expected = twin(model.cpu(), dtype=torch.float64)(x.cpu().double(), c.cpu().double())
+    for y in (out, eager):  # bf16 rounding apart, the traced and the eager forms compute the same numbers
+        assert ((y.cpu().double() - expected).norm() / expected.norm()).item() < 1e-2

@@ -85,9 +85,10 @@ def launch_row_norm(
     x2 = as_rows(x)
     r2 = as_rows(residual) if residual is not None else x2
     n_rows, n_cols = x2.shape
-    y_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    s_out = torch.empty_like(y_out) if residual is not None else y_out
-    y, s = y_out.view(-1, n_cols), s_out.view(-1, n_cols)
+    # the kernel writes whole 2-D buffers, viewed as x's shape after: a write into a view would make
+    # functionalization (torch.compile traces into the launcher) replay it with copies, two kernels per call
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    s = torch.empty_like(y) if residual is not None else y
     param = gate if gate is not None else shift
     n_groups, per_group = groups(x2, param) if param is not None else (1, n_rows)
     g, sh, sc = (p.reshape(n_groups, n_cols).contiguous() if p is not None else x2 for p in (gate, shift, scale))
@@ -101,7 +102,7 @@ def launch_row_norm(
             HAS_BIAS=bias is not None, GATE=gate is not None, MODULATE=shift is not None,
             ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
         )  # fmt: skip
-    return y_out, s_out
+    return y.view(x.shape), s.view(x.shape)
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -146,8 +146,7 @@ class DiTBlock(nn.Module):
         and the next block (or the stack's final norm) takes it as `pending`, adding it inside its own
         `layer_norm_modulate`: one pass where the ops apart take several."""
         f = self._forms(x, rope is not None, finish)
-        # each [B, 1, C], in float32 (modulation's math is): one cast and one unsqueeze here, not one per use
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c)).float()[:, None].chunk(6, dim=-1)
+        shift1, scale1, gate1, shift2, scale2, gate2 = _modulation(self.ada(F.silu(c)), f, 6)  # each [B, 1, C]
         if pending is None:
             h = f.layer_norm_modulate(x, shift1, scale1, self.eps)  # h: [B, N, C]
         else:
@@ -183,6 +182,16 @@ _CALLS = {
     for finish in (False, True)
 }
 _CALLS_FINAL = "layer_norm_modulate:1"
+
+
+def _modulation(ada: torch.Tensor, f, n: int) -> tuple[torch.Tensor, ...]:
+    """The adaLN output [B, n * C] as n parameters [B, 1, C]. Native forms compute in float32: one cast here, not
+    one per use. The fused kernel reads the input dtype and computes in float32 itself: given float32 slices, the
+    compiled graph would write each one out as a float32 copy first (a launch per parameter, 17 in a 4-block stack
+    at 1024 tokens on the H200, where the kernel's own launches were 9)."""
+    if f.impls.get("layer_norm_modulate") != "kernel":
+        ada = ada.float()
+    return ada[:, None].chunk(n, dim=-1)
 
 
 def _norm_module(module, x):
@@ -296,8 +305,8 @@ class DiT(_Stack):
                 x, pending = block(x, c, rope), None
             else:
                 x, pending = block(x, c, rope, pending, finish=False)
-        shift, scale = self.final_ada(F.silu(c)).float()[:, None].chunk(2, dim=-1)  # [B, 1, C], as the blocks'
         f = self._forms(x, _CALLS_FINAL)
+        shift, scale = _modulation(self.final_ada(F.silu(c)), f, 2)  # [B, 1, C], as the blocks'
         if pending is None:
             return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps))
         return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps, *pending)[0])
