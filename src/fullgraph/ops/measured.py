@@ -29,6 +29,16 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
         # 0.987 -> 0.554, 3.890 -> 2.136 against the plain twin) while the GEMMs keep their time (1.381 -> 1.404 ms,
         # 5.398 -> 5.320, 21.207 -> 21.203)
         "linear_gelu": "kernel",
+        # The q/k norms + RoPE in one pass, and the gated residual + LayerNorm + modulation in one pass, each against
+        # Inductor's fusion of their native forms: `fullgraph bench dit --policies
+        # 'all=auto,+qk_norm_rope,+layer_norm_modulate'` (benchmarks/results/dit_h200.txt, fifth session), default
+        # mode, over the plain twin. At 4096 tokens, two calls: auto 1.026x / 1.034x, with qk_norm_rope's kernel
+        # 1.037x / 1.044x, with layer_norm_modulate's 1.044x / 1.057x, with both 1.040x / 1.058x (GPU time 7.097 ->
+        # 6.726 ms against the plain twin's 7.219). Reduce-overhead at 4096: within the noise of auto (1.042-1.055x
+        # all). At 1024 tokens in default mode the call is host-bound and each kernel launch costs more host time
+        # than Inductor's fused kernel (with qk_norm_rope's kernel 0.849x against auto's 0.970x): hence the floor.
+        "qk_norm_rope": "kernel",
+        "layer_norm_modulate": "kernel",
     },
 }
 
@@ -40,7 +50,11 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
 # in default mode is the DiT's x at 1024 tokens (1024 x 3072 = 3.1M elements: 0.970x against 0.940x plain), so
 # the line sits between: 2**21. The floor is host time, which CUDA graphs pay once at capture: code traced for a
 # model that `fullgraph.compile` replays from CUDA graphs (`fullgraph.replay`) takes the kernel at every size.
-COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {"NVIDIA H200": {"linear_gelu": 1 << 21}}
+# qk_norm_rope and layer_norm_modulate (input: the block's tokens x, rows x dim): measured losing at 1024 x 3072
+# (3.1M elements) in default mode and winning at 4096 x 3072 (12.6M): the line between, 2**23.
+COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {
+    "NVIDIA H200": {"linear_gelu": 1 << 21, "qk_norm_rope": 1 << 23, "layer_norm_modulate": 1 << 23}
+}
 
 
 # Eager `auto` on a GPU takes the kernel only from this many elements of the main input up: below it a call is
