@@ -314,3 +314,14 @@ def test_a_fullgraph_compile_counts_its_frame():
     assert cm.stats.frames_compiled == 1
     cm(x)
     assert cm.stats.frames_compiled == 1 and cm.stats.calls == 2
+
+
+def test_stats_still_count_after_dynamos_counters_are_cleared():
+    # the tracker looks Dynamo's tables up once per process; torch's test harness and tools clear them in place
+    cm = fullgraph.compile(Mlp(), backend="eager", dynamic=False)
+    cm(torch.randn(2, 8))
+    torch._dynamo.utils.counters.clear()
+    cm(torch.randn(5, 8))  # a recompile after the clear
+    cm(torch.randn(5, 8))
+    s = cm.stats
+    assert (s.calls, s.frames_compiled) == (3, 2) and len(s.recompiles) == 1

@@ -93,3 +93,19 @@ def test_without_cuda_graphs_keeps_the_compile_and_drops_only_the_replay(kwargs,
         k: v for k, v in resolved.options.items() if k != "triton.cudagraphs"
     }
     assert (plain.dynamic, plain.fullgraph, plain.mode) == (resolved.dynamic, resolved.fullgraph, resolved.mode)
+
+
+def test_the_per_call_dynamo_config_scope_sets_and_puts_back():
+    from fullgraph.compile.options import DynamoConfig
+
+    cfg = torch._dynamo.config
+    before = (cfg.recompile_limit, cfg.suppress_errors)
+    scope = DynamoConfig({"recompile_limit": before[0] + 5, "suppress_errors": before[1]})
+    with pytest.raises(RuntimeError), scope:
+        assert cfg.recompile_limit == before[0] + 5 and cfg.suppress_errors == before[1]
+        assert [name for name, _ in scope.saved] == ["recompile_limit"]  # a value already in place is left alone
+        raise RuntimeError("inside")
+    assert (cfg.recompile_limit, cfg.suppress_errors) == before
+    with DynamoConfig({"recompile_limit": before[0] + 1}), DynamoConfig({"recompile_limit": before[0] + 2}):
+        assert cfg.recompile_limit == before[0] + 2  # nested scopes unwind in order
+    assert cfg.recompile_limit == before[0]

@@ -40,7 +40,7 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 from fullgraph import replay
 from fullgraph.compile.choice import read_choice
 from fullgraph.compile.dynamic import DynamicSpec, check_dynamic_spec, declare_dynamic
-from fullgraph.compile.options import Resolved, resolve
+from fullgraph.compile.options import DynamoConfig, Resolved, resolve
 from fullgraph.compile.plan import PlanResult, build_parts
 from fullgraph.compile.presets import Preset
 from fullgraph.compile.staging import Staging
@@ -157,7 +157,7 @@ class CompiledModel(nn.Module):
     def _scope(self, strict: bool) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             if self._resolved.dynamo:
-                stack.enter_context(torch._dynamo.config.patch(self._resolved.dynamo))
+                stack.enter_context(DynamoConfig(self._resolved.dynamo))
             if strict:
                 stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
             if self._parts is not None and not self._eager:

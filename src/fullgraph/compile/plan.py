@@ -48,7 +48,7 @@ from torch import nn
 from fullgraph import replay
 from fullgraph.compile.dynamic import check_dynamic_spec, declare_dynamic
 from fullgraph.compile.graphs import GraphedCall
-from fullgraph.compile.options import Resolved, resolve
+from fullgraph.compile.options import DynamoConfig, Resolved, resolve
 from fullgraph.compile.presets import Preset
 from fullgraph.compile.regional import MECHANISMS, RegionalResult, compile_regions
 from fullgraph.compile.stats import CompileStats, Tracker
@@ -216,7 +216,7 @@ def _scoped(compiled: Callable, module: nn.Module, part: PlannedPart, tracker: T
 
     def call(*args: Any, **kwargs: Any) -> Any:
         with (
-            torch._dynamo.config.patch(dynamo) if dynamo else contextlib.nullcontext(),
+            DynamoConfig(dynamo) if dynamo else contextlib.nullcontext(),
             replay.replayed() if graphed else contextlib.nullcontext(),
         ):
             if part.dynamic:

@@ -95,13 +95,20 @@ def _snapshot() -> tuple:
 _HIT = CompileStats(calls=1)  # what a call that compiled nothing adds
 
 
+_live: list = []  # Dynamo's counters and compile-time table: module-level dicts, cleared in place, never replaced
+
+
 def _activity() -> tuple[int, int]:
     """Two numbers that move whenever Dynamo does anything worth counting: the frames it was asked to convert (a
     cache miss, a recompile, a recompile limit reached) and the frames it compiled. O(1), unlike `_snapshot`,
-    whose guard-failure table grows with every compiled function in the process."""
-    from torch._dynamo.utils import compilation_time_metrics
+    whose guard-failure table grows with every compiled function in the process; read twice per compiled call,
+    so the two tables are looked up once per process."""
+    if not _live:
+        from torch._dynamo.utils import compilation_time_metrics, counters
 
-    return _counters()["frames"]["total"], len(compilation_time_metrics.get(_COMPILE_TIMER, ()))
+        _live[:] = (counters, compilation_time_metrics)
+    counters, times = _live
+    return counters["frames"]["total"], len(times.get(_COMPILE_TIMER, ()))
 
 
 class Tracker:
