@@ -50,6 +50,14 @@ SUITES = {
             ("--presets", {"help": "fullgraph.compile presets, e.g. perception,dev (default; dev on CPU) or none"}),
             ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
             ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, reference and ours compiled"}),
+            (
+                "--policies",
+                {
+                    "default": None,
+                    "help": "more variants: the first preset's model called under each op policy (FULLGRAPH_OPS "
+                    "spec), separated by ';' (e.g. 'attention=kernel'); with --breakdown, profiled too",
+                },
+            ),
         ],
     ),
     "coldstart": (

@@ -68,3 +68,32 @@ def test_bad_modes(spec, gpu, match):
 def test_default_modes():
     assert suite.parse_modes(None, gpu=True) == ("default", "reduce-overhead")
     assert suite.parse_modes(None, gpu=False) == ("default",)
+
+
+@pytest.mark.slow
+def test_policies_add_the_first_preset_under_each_op_policy(tmp_path):
+    rows, timed = run_suite(tmp_path, "vit", "--batches", "2", "--modes", "default", "--policies", "all=native")
+    extra = "ours, fullgraph.compile dev fp32 all=native"
+    assert extra in timed
+    errors = {r.variant: r.value for r in rows if r.metric == "rel_err"}
+    # on the CPU compiled `auto` is every op's native form: the same numbers as the preset's own row
+    assert errors[extra] == pytest.approx(errors["ours, fullgraph.compile dev fp32"], rel=1e-6)
+
+
+def test_a_policied_variant_calls_inside_its_policy():
+    from fullgraph.ops import policies
+
+    seen = []
+    call = suite.Policied(lambda x: seen.append(policies.effective("layer_norm")) or x, "all=native,+layer_norm")
+    assert call(3) == 3 and seen == ["kernel"]
+    assert policies.effective("layer_norm") == "auto"  # put back after the call
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--policies", "+layer_nrom"], "layer_nrom"), (["--policies", "all=native", "--presets", "none"], "a preset")],
+)
+def test_bad_policies_fail_the_command_before_anything_runs(tmp_path, capsys, argv, message):
+    csv = tmp_path / "vit.csv"
+    assert main(["bench", "vit", "--device", "cpu", *argv, "--csv", str(csv)]) == 2
+    assert message in capsys.readouterr().err and not csv.exists()

@@ -1,8 +1,14 @@
 """Benchmark suites: each module has `run(args) -> (rows, table)`; `fullgraph bench` declares their arguments."""
 
+import contextlib
+import functools
+
 import torch
 
+from fullgraph import ops
 from fullgraph.errors import UsageError
+from fullgraph.ops import policies
+from fullgraph.ops.policies import check_spec, parse_spec
 
 # --dtype names shared by the suites
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -17,3 +23,27 @@ def parse_sizes(flag: str, spec: str, example: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise UsageError(f"{flag}: cannot read {spec!r}; write {example}")
     return sizes
+
+
+def extra_policies(spec: str | None) -> dict[str, str]:
+    """--policies "spec;spec" -> {label: spec}, each spec checked now (FULLGRAPH_OPS syntax, known ops only)."""
+    out = {}
+    for item in (s.strip() for s in (spec or "").split(";")):
+        if item:
+            check_spec(item)
+            out[item] = item
+    return out
+
+
+@functools.cache
+def _parsed(spec: str) -> dict:
+    return parse_spec(spec)
+
+
+def policy_context(spec: str | None):
+    """The op-policy context a variant's calls run in: none for no spec, and none for "all=auto" while no policy is
+    set (what a user who sets none runs; the context's ~10 us of host time per call is the bench's, not the
+    model's)."""
+    if not spec or (spec == "all=auto" and not policies.snapshot()):
+        return contextlib.nullcontext()
+    return ops.policy(**_parsed(spec))

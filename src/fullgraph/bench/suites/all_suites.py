@@ -22,7 +22,15 @@ SUITES = ("vit", "nms", "robot", "dit")
 # them (fullgraph.cli.bench_cmd.SUITES), which this package may not import (DESIGN.md, Layers);
 # tests/bench/suites/test_all_suites.py keeps the two in step.
 DEFAULTS = {
-    "vit": {"batches": None, "config": None, "modes": None, "dtype": None, "breakdown": False, "presets": None},
+    "vit": {
+        "batches": None,
+        "config": None,
+        "modes": None,
+        "dtype": None,
+        "breakdown": False,
+        "presets": None,
+        "policies": None,
+    },
     "nms": {"boxes": None, "batches": None, "iou": 0.5, "score_threshold": 0.05, "top_k": 1000, "capacity": 100},
     "robot": {"config": None, "n": None, "warmup": 2, "ways": None, "dtype": "fp32", "seed": 0},
     "dit": {

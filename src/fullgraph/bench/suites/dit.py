@@ -20,21 +20,16 @@ on the CPU a small stack (dim 128, 2 heads, 2 blocks) at 64 tokens, fp32.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import statistics
 
 import torch
 
-from fullgraph import ops
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows
-from fullgraph.bench.suites import DTYPES, parse_sizes
+from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
 from fullgraph.models.dit import DiT, PlainDiT, config
-from fullgraph.ops import policies
-from fullgraph.ops.policies import check_spec, parse_spec
 from fullgraph.timing import resolve_device, round_medians
 
 ROUNDS = 5
@@ -116,31 +111,13 @@ def run(args) -> tuple[list[Result], str]:
     return rows, text
 
 
-def extra_policies(spec: str | None) -> dict[str, str]:
-    """--policies "spec;spec" -> {label: spec}, each spec checked now (FULLGRAPH_OPS syntax, known ops only)."""
-    out = {}
-    for item in (s.strip() for s in (spec or "").split(";")):
-        if item:
-            check_spec(item)
-            out[item] = item
-    return out
-
-
 def compile_mode(args) -> str | None:
     """--mode as torch.compile takes it (None for the default mode)."""
     return None if getattr(args, "mode", None) in (None, "default") else args.mode
 
 
-@functools.cache
-def _parsed(spec: str) -> dict:
-    return parse_spec(spec)
-
-
 def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, table) -> None:
     mode = compile_mode(args)
-    # what a user who sets no policy runs gets no policy context around each call (its ~10 us of host time is the
-    # bench's, not the model's): "all=auto" when nothing else is set
-    defaults = () if policies.snapshot() else ("all=auto",)
     for n in tokens:
         torch.manual_seed(n)
         x = torch.randn(args.batch, n, cfg.dim, device=device)
@@ -152,8 +129,7 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
                   "dtype": str(dtype)[6:], "mode": mode or "default"}  # fmt: skip
 
         def call(fn, pol, xd=xd, cd=cd):
-            ctx = ops.policy(**_parsed(pol)) if pol and pol not in defaults else contextlib.nullcontext()
-            with ctx, torch.no_grad():
+            with policy_context(pol), torch.no_grad():
                 return fn(xd, cd)
 
         with torch.no_grad():

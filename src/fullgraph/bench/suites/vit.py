@@ -29,7 +29,7 @@ import torch
 import fullgraph.compile
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows, measurement_metrics
-from fullgraph.bench.suites import DTYPES, parse_sizes
+from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
 from fullgraph.models.vit import PlainViT, ViT, config, load_timm_state_dict
@@ -104,6 +104,9 @@ def run(args) -> tuple[list[Result], str]:
     batches = batches or (GPU_BATCHES if gpu else CPU_BATCHES)
     modes = parse_modes(getattr(args, "modes", None), gpu)
     presets = parse_presets(getattr(args, "presets", None), gpu)
+    extra = extra_policies(getattr(args, "policies", None))
+    if extra and not presets:
+        raise UsageError("--policies runs the first of --presets under each policy; give a preset (not none)")
     cfg, label, ref, ours = build(args, gpu)
     ref32 = ref.to(device)
     low = {label: _copy_to(ref, device, dtype), "ours": ours.to(device, dtype)}
@@ -129,12 +132,16 @@ def run(args) -> tuple[list[Result], str]:
         for mode in modes:
             for who, model in low.items():
                 variants[f"{who}, compiled {mode} {short}"] = (torch.compile(model, mode=_mode(mode)), xd, mode)
-        for preset in presets:  # each on its own copy: fullgraph.compile casts the model it is given in place
+        # each preset on its own copy (fullgraph.compile casts the model it is given in place); then the first
+        # preset again per --policies spec, its calls under that op policy
+        for preset, spec in [(p, None) for p in presets] + [(presets[0], spec) for spec in extra]:
             compiled = fullgraph.compile(copy.deepcopy(low["ours"]), preset, dtype=dtype)
-            preset_mode = fullgraph.compile.PRESETS[preset].mode or "default"  # None: a backend without modes
-            variants[f"ours, fullgraph.compile {preset} {short}"] = (compiled, xd, preset_mode)
+            mode = fullgraph.compile.PRESETS[preset].mode or "default"  # None: a backend without modes
+            name = f"ours, fullgraph.compile {preset} {short}" + (f" {spec}" if spec else "")
+            variants[name] = (Policied(compiled, spec) if spec else compiled, xd, mode)
         profiled = {f"{who}, compiled {modes[0]} {short}" for who in low} if args.breakdown and gpu else set()
         profiled |= {f"ours, fullgraph.compile {presets[0]} {short}"} if profiled and presets else set()
+        profiled |= {f"ours, fullgraph.compile {presets[0]} {short} {spec}" for spec in extra} if profiled else set()
         base_ms = None
         for name, (fn, inp, mode) in variants.items():
             if mode is not None:
@@ -160,7 +167,9 @@ def run(args) -> tuple[list[Result], str]:
                     b = profile_breakdown(lambda fn=fn, inp=inp: fn(inp), device=device, label=name, dtype=dtype,
                                           cuda_graphs=mode in CUDA_GRAPH_MODES)  # fmt: skip
                 classes = ", ".join(f"{k.name} {k.ms:.3f}" for k in sorted(b.classes, key=lambda k: -k.ms)[:6])
-                table.append([point, "  where the time goes", b.kernel_ms] + [None] * 6)
+                launched = sum(k.kernels for k in b.classes)  # under CUDA graphs each one a node: its gap counts
+                idle = "" if b.idle_share is None else f", GPU idle {b.idle_share:.0%} of {b.call_ms:.3f} ms"
+                table.append([point, f"  where the time goes ({launched} kernels{idle})", b.kernel_ms] + [None] * 6)
                 table.append([point, f"    {classes}"] + [None] * 7)
                 rates = [k for k in b.classes if k.rate is not None and k.name in ("gemm", "attention")]
                 if rates:  # the GEMMs' and attention's achieved rate, and its share of the measured ceiling
@@ -169,6 +178,9 @@ def run(args) -> tuple[list[Result], str]:
                     where = f" ({k.source[:40]})" if k.source else ""
                     table.append([point, f"      {k.cls} {k.ms:.4f} x{k.calls} {k.name[:56]}{where}"] + [None] * 7)
                 metrics = {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}
+                metrics |= {f"class_kernels_{k.name}": (k.kernels, "") for k in b.classes}
+                if b.idle_share is not None:
+                    metrics["gpu_idle_share"] = (b.idle_share, "")
                 metrics.update({f"class_rate_{k.name}": (k.rate, k.unit) for k in rates})
                 metrics.update({f"class_pct_of_ceiling_{k.name}": (k.pct_of_ceiling, "%") for k in rates
                                 if k.pct_of_ceiling is not None})  # fmt: skip
@@ -185,6 +197,17 @@ def _rate_text(k) -> str:
 
 
 TOP_KERNELS = 8  # kernels listed under each profiled row (--breakdown)
+
+
+class Policied:
+    """A compiled model whose calls run under an op policy (FULLGRAPH_OPS syntax), for --policies."""
+
+    def __init__(self, model, spec: str):
+        self.model, self.spec = model, spec
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with policy_context(self.spec):
+            return self.model(x)
 
 
 def _mode(mode: str) -> str | None:
