@@ -189,7 +189,7 @@ def _modulation(ada: torch.Tensor, f, n: int) -> tuple[torch.Tensor, ...]:
     one per use. The fused kernel reads the input dtype and computes in float32 itself: given float32 slices, the
     compiled graph would write each one out as a float32 copy first (a launch per parameter, 17 in a 4-block stack
     at 1024 tokens on the H200, where the kernel's own launches were 9)."""
-    if f.impls.get("layer_norm_modulate") != "kernel":
+    if f.layer_norm_modulate is not direct.layer_norm_modulate_kernel:  # (a form, not a lookup: no guards to add)
         ada = ada.float()
     return ada[:, None].chunk(n, dim=-1)
 

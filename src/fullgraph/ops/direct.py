@@ -216,7 +216,7 @@ def _traced(device, numel, calls, policies) -> Direct:
         _qk_norm_rope_kernel if kernel[6] else _qk_norm_rope_native,
         layer_norm_modulate_kernel if kernel[7] else layer_norm_modulate_native,
         _attention_traced,
-        dict(zip(FORMS, impls, strict=True)),
+        {},
     )
 
 
