@@ -6,11 +6,14 @@ over the MLP's widest activation but costs more host time per call than Inductor
 graphs the host time is paid once, at capture, and the trade pays at every size (timm-weight ViT-B/16 at batch 4 on
 the H200, reduce-overhead: 0.626 ms with the epilogue against 0.675 without; `benchmarks/results/vit_probe_h200.txt`).
 
-Traced code cannot see which mode its backend will compile in, so `fullgraph.compile` says it: it enters
-`replayed()` around the calls of a model (or a plan's part) whose configuration replays CUDA graphs (a mode or
-options with `triton.cudagraphs`, backend "cudagraphs"), and the ops read `under_graphs()` while Dynamo traces (a
-constant to it: read once per trace, never guarded). A plain `torch.compile(mode="reduce-overhead")` does not enter
-it, and the ops then take the choice that is right in every mode.
+Two ways say it to the traced code. `fullgraph.compile` enters `replayed()` around the calls of a model (or a plan's
+part) whose configuration replays CUDA graphs (a mode or options with `triton.cudagraphs`, backend "cudagraphs");
+a plain `torch.compile(mode="reduce-overhead")` (or max-autotune, or those options, or backend "cudagraphs") is
+read from the compile now tracing: Dynamo's tracer holds the backend it will hand the graph to, and Inductor's
+wrapper holds the mode's options (`_backend_replays`; torch-private attributes, so anything unexpected reads "no",
+the choice that is right in every mode). The ops read `under_graphs()` while Dynamo traces: a constant to it, read
+once per trace and never guarded (Dynamo keeps one cache entry per backend, so a model compiled both ways gets each
+its own answer).
 """
 
 from __future__ import annotations
@@ -41,4 +44,28 @@ class replayed:
 @torch.compiler.assume_constant_result
 def under_graphs() -> bool:
     """Will the code being traced now run from CUDA graphs (see the module docstring)?"""
-    return _state[0]
+    return _state[0] or _backend_replays()
+
+
+def _backend_replays() -> bool:
+    """Does the torch.compile tracing now hand its graph to a backend that replays CUDA graphs? False outside a
+    trace and whenever torch's internals are not as expected (torch 2.9-2.14: the tracer's `output.compiler_fn`,
+    Dynamo's wrappers around the backend, which is Inductor's `_TorchCompileInductorWrapper` with its `config` or
+    the "cudagraphs" backend function)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        fn = InstructionTranslator.current_tx().output.compiler_fn
+    except Exception:
+        return False
+    for _ in range(8):  # Dynamo's wrappers (functools.wraps: __wrapped__) around the backend it was given
+        if getattr(fn, "__name__", None) == "cudagraphs":
+            return True
+        config = getattr(fn, "config", None)
+        if isinstance(config, dict) and type(fn).__name__ == "_TorchCompileInductorWrapper":
+            default = bool(torch._inductor.config.triton.cudagraphs)  # what Inductor reads if the compile is silent
+            return bool(config.get("triton.cudagraphs", default))
+        fn = getattr(fn, "__wrapped__", None) or getattr(fn, "compiler_fn", None)
+        if fn is None:
+            return False
+    return False

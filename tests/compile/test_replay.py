@@ -1,6 +1,8 @@
 """fullgraph.replay: fullgraph.compile tells traced code when its calls replay CUDA graphs, and ops' compiled choices
 that trade host time for GPU time (linear_gelu's epilogue below its size floor) follow it."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -37,6 +39,41 @@ def test_compiled_code_is_traced_knowing_whether_cuda_graphs_replay_it(kwargs, g
     torch.testing.assert_close(out, x + (1.0 if graphs else -1.0))
     assert replay.under_graphs() is False  # only around the model's calls
     assert torch.equal(model(x), x - 1.0)  # and not around the model itself, called eagerly
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "graphs"),
+    [
+        ({}, False),
+        ({"mode": "reduce-overhead"}, True),
+        ({"mode": "max-autotune"}, True),
+        ({"mode": "max-autotune-no-cudagraphs"}, False),
+        ({"options": {"triton.cudagraphs": True}}, True),
+        ({"backend": "cudagraphs"}, True),
+        ({"backend": "aot_eager"}, False),
+    ],
+)
+def test_plain_torch_compile_is_read_from_the_compile_tracing(kwargs, graphs):
+    # no fullgraph.compile around the calls: the traced code asks the compile itself (Dynamo's backend, Inductor's
+    # options), so ops choose for CUDA graphs under a plain torch.compile(mode="reduce-overhead") too
+    torch._dynamo.reset()
+    model, x = Says(), torch.randn(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU's "skipping cudagraphs" notes
+        out = torch.compile(model, **kwargs)(x)
+    torch.testing.assert_close(out, x + (1.0 if graphs else -1.0))
+    assert replay.under_graphs() is False
+
+
+def test_the_same_model_compiled_both_ways_gets_each_its_answer():
+    torch._dynamo.reset()
+    model, x = Says(), torch.randn(5)
+    default, graphed = torch.compile(model), torch.compile(model, mode="reduce-overhead")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):  # Dynamo keeps one cache entry per backend: neither serves the other's trace
+            torch.testing.assert_close(default(x), x - 1.0)
+            torch.testing.assert_close(graphed(x), x + 1.0)
 
 
 def test_linear_gelu_takes_its_epilogue_below_the_floor_only_under_cuda_graphs(monkeypatch):

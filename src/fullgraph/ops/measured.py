@@ -49,7 +49,7 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
 # graphs it was faster (0.626 against 0.675 ms; benchmarks/results/vit_probe_h200.txt). The smallest measured win
 # in default mode is the DiT's x at 1024 tokens (1024 x 3072 = 3.1M elements: 0.970x against 0.940x plain), so
 # the line sits between: 2**21. The floor is host time, which CUDA graphs pay once at capture: code traced for a
-# model that `fullgraph.compile` replays from CUDA graphs (`fullgraph.replay`) takes the kernel at every size.
+# model compiled to replay CUDA graphs (reduce-overhead, `fullgraph.replay`) takes the kernel at every size.
 # qk_norm_rope and layer_norm_modulate (input: the block's tokens x, rows x dim): measured losing at 1024 x 3072
 # (3.1M elements) in default mode and winning at 4096 x 3072 (12.6M): the line between, 2**23.
 COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {
