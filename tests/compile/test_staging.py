@@ -80,3 +80,18 @@ def test_perception_replays_without_the_trees_input_copy_and_stays_exact():
         expected = reference(x.double())
         assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-5
     assert len(cm._staging) == 1
+
+
+def test_an_output_that_is_a_staged_buffer_comes_back_as_a_copy():
+    stage = Staging(["x"], device_type="cpu")
+    x = torch.randn(4, 3)
+    (sx,), _ = stage((x,), {})
+    out = stage.checked((sx[1:], sx.sum()))  # a model returning a view of its input, and something of its own
+    assert out[0].untyped_storage().data_ptr() != sx.untyped_storage().data_ptr() and torch.equal(out[0], x[1:])
+    assert stage.aliased  # from now on every call is checked, not only a new buffer's first
+    (sx2,), _ = stage((torch.randn(4, 3),), {})
+    assert sx2 is sx and stage.checked(sx2) is not sx2
+    quiet = Staging(["x"], device_type="cpu")
+    (qx,), _ = quiet((x,), {})
+    own = qx * 2
+    assert quiet.checked(own) is own and not quiet.aliased  # outputs of its own pass untouched

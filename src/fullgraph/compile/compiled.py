@@ -143,6 +143,8 @@ class CompiledModel(nn.Module):
                 self._tracker.end()
                 out = self._failed(e, strict, args, kwargs)
             else:
+                if self._staging is not None and not self._eager:
+                    out = self._staging.checked(out)
                 call = self._tracker.end()
                 if strict and call.frames_compiled:  # a new frame's first compile, on a torch whose stance lets it
                     raise StrictRecompileError(

@@ -11,6 +11,11 @@ gets the same buffer, and CUDA graph trees re-record rather than misread should 
 caller's tensor into it with a plain `copy_`, and passes the buffer instead. What the caller sees is unchanged: the
 outputs are the graph's as before, and the caller's tensors are only read.
 
+A model that returns one of its inputs (or a view of it) would hand the caller the buffer, which the next call
+refills: the first call of each new buffer checks the outputs, and once one shared a buffer's memory, every call
+checks them and returns such outputs as copies (the graphs were compiled for the buffers: passing the caller's
+tensors instead would make the trees re-record at every new address).
+
 Limits: top-level tensor arguments on a CUDA device only (nested containers pass through: trees copy those as
 before); at most MAX_SHAPES buffers per input name, the oldest dropped after (its graph re-records on return). A
 model that writes into its input would write into the buffer, not the caller's tensor: inference models do not, and
@@ -23,6 +28,7 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 MAX_SHAPES = 8
 
@@ -34,8 +40,11 @@ class Staging:
         self._names = names  # positional parameter names, for keys that survive args given by keyword
         self._device_type = device_type
         self._buffers: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._created: list[torch.Tensor] = []  # buffers this call made, whose outputs `checked` looks at
+        self.aliased = False  # an output shared a buffer's memory: `checked` looks at every call's outputs
 
     def __call__(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        self._created = []
         names = self._names
         args = tuple(self._stage(names[i] if i < len(names) else i, a) for i, a in enumerate(args))
         if kwargs:
@@ -53,11 +62,29 @@ class Staging:
             buf = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
             torch._dynamo.mark_static_address(buf, guard=False)
             self._buffers[key] = buf
+            self._created.append(buf)
             if sum(1 for k in self._buffers if k[0] == name) > MAX_SHAPES:
                 del self._buffers[next(k for k in self._buffers if k[0] == name)]
         if buf is not value:
             buf.copy_(value)
         return buf
+
+    def checked(self, out: Any) -> Any:
+        """The call's output, any tensor of it that shares a staged buffer's memory returned as a copy: checked after
+        the first call of a new buffer, and at every call once one did (see the module docstring)."""
+        if not self._created and not self.aliased:
+            return out
+        buffers = self._created if not self.aliased else self._buffers.values()
+        staged = {b.untyped_storage().data_ptr() for b in buffers}
+        self._created = []
+
+        def own(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() in staged:
+                self.aliased = True
+                return t.clone()
+            return t
+
+        return tree_map_only(torch.Tensor, own, out)
 
     def __len__(self) -> int:
         return len(self._buffers)
