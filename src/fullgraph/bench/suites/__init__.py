@@ -5,10 +5,10 @@ import functools
 
 import torch
 
-from fullgraph import ops
 from fullgraph.errors import UsageError
-from fullgraph.ops import policies
-from fullgraph.ops.policies import check_spec, parse_spec
+
+# functions, not `fullgraph.ops` itself: the name `ops` here is the ops suite's submodule (fullgraph.bench.suites.ops)
+from fullgraph.ops.policies import check_spec, parse_spec, policy, snapshot
 
 # --dtype names shared by the suites
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -44,6 +44,6 @@ def policy_context(spec: str | None):
     """The op-policy context a variant's calls run in: none for no spec, and none for "all=auto" while no policy is
     set (what a user who sets none runs; the context's ~10 us of host time per call is the bench's, not the
     model's)."""
-    if not spec or (spec == "all=auto" and not policies.snapshot()):
+    if not spec or (spec == "all=auto" and not snapshot()):
         return contextlib.nullcontext()
-    return ops.policy(**_parsed(spec))
+    return policy(**_parsed(spec))
