@@ -95,3 +95,25 @@ def test_an_output_that_is_a_staged_buffer_comes_back_as_a_copy():
     (qx,), _ = quiet((x,), {})
     own = qx * 2
     assert quiet.checked(own) is own and not quiet.aliased  # outputs of its own pass untouched
+
+
+class PassThrough(nn.Module):
+    """Returns its input beside a result: the staged buffer must not reach the caller."""
+
+    def forward(self, x):
+        return x, x * 2
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_a_model_returning_its_input_under_perception_hands_back_copies_that_stay():
+    cm = fullgraph.compile(PassThrough().cuda(), "perception")
+    kept = []
+    for _ in range(4):  # warm-up, record, replays: each call's returned input must survive the next call
+        x = torch.randn(8, 64, device="cuda")
+        same, twice = cm(x)
+        kept.append((x, same))
+        assert torch.equal(twice, x * 2)
+    torch.cuda.synchronize()
+    assert all(torch.equal(x, same) for x, same in kept)
+    assert cm._staging.aliased
