@@ -132,8 +132,9 @@ class CompiledModel(nn.Module):
             if self._dynamic and not self._eager:
                 declare_dynamic(self._orig_mod, args, kwargs, self._dynamic)  # marks live on this call's tensors
             fn = self._orig_mod if self._eager else self._compiled
-            if self._staging is not None and not self._eager:
-                args, kwargs = self._staging(args, kwargs)
+            staging = None if self._eager else self._staging
+            if staging is not None:
+                args, kwargs = staging(args, kwargs)
             strict = self._strict and self._warmed and not warming and not self._eager
             self._tracker.begin()
             try:
@@ -143,8 +144,8 @@ class CompiledModel(nn.Module):
                 self._tracker.end()
                 out = self._failed(e, strict, args, kwargs)
             else:
-                if self._staging is not None and not self._eager:
-                    out = self._staging.checked(out)
+                if staging is not None:
+                    out = staging.checked(out)
                 call = self._tracker.end()
                 if strict and call.frames_compiled:  # a new frame's first compile, on a torch whose stance lets it
                     raise StrictRecompileError(

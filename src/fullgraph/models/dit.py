@@ -187,8 +187,9 @@ _CALLS_FINAL = "layer_norm_modulate:1"
 def _modulation(ada: torch.Tensor, f, n: int) -> tuple[torch.Tensor, ...]:
     """The adaLN output [B, n * C] as n parameters [B, 1, C]. Native forms compute in float32: one cast here, not
     one per use. The fused kernel reads the input dtype and computes in float32 itself: given float32 slices, the
-    compiled graph would write each one out as a float32 copy first (a launch per parameter, 17 in a 4-block stack
-    at 1024 tokens on the H200, where the kernel's own launches were 9)."""
+    compiled graph would write each one out as a float32 copy first (a launch per parameter: 41 Triton launches
+    against auto's 15 in a 4-block stack at 1024 tokens on the H200, 9 of them the kernel's own;
+    benchmarks/results/dit_graph_probe_h200.txt)."""
     if f.layer_norm_modulate is not direct.layer_norm_modulate_kernel:  # (a form, not a lookup: no guards to add)
         ada = ada.float()
     return ada[:, None].chunk(n, dim=-1)
