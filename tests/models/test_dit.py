@@ -16,10 +16,10 @@ SMALL = {"dim": 64, "heads": 4, "depth": 2}
 ROPES = {"1d": {"rope": "1d"}, "video": {"rope": "video", "grid": (2, 3, 5)}, "none": {"rope": None}}
 
 
-def randomized(cfg, seed: int = 0) -> DiT:
+def randomized(cfg, seed: int = 0, device="cpu") -> DiT:
     """adaLN-Zero starts every block as the identity: random weights everywhere make the comparison mean something."""
     torch.manual_seed(seed)
-    model = DiT(cfg).eval()
+    model = DiT(cfg).eval().to(device)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)
@@ -29,7 +29,7 @@ def randomized(cfg, seed: int = 0) -> DiT:
 def twin(model: torch.nn.Module, cls=PlainDiT, dtype=torch.float32) -> torch.nn.Module:
     other = cls(model.cfg).eval()
     other.load_state_dict(model.state_dict())
-    return other.to(dtype)
+    return other.to(next(model.parameters()).device, dtype)
 
 
 @pytest.mark.parametrize("rope", list(ROPES))
@@ -142,9 +142,9 @@ def test_eager_inference_calls_the_chosen_forms_directly_with_the_checked_ops_ou
     rope, policy, triton_device, monkeypatch
 ):
     cfg = config("dit_s", **SMALL, **ROPES[rope])
-    model = randomized(cfg, seed=7)
+    model = randomized(cfg, seed=7, device=triton_device)
     n = 30 if rope == "video" else 37
-    x, c = torch.randn(2, n, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    x, c = torch.randn(2, n, SMALL["dim"], device=triton_device), torch.randn(2, SMALL["dim"], device=triton_device)
     checks = []
     real = modulation.check_modulate_inputs
     monkeypatch.setattr(modulation, "check_modulate_inputs", lambda *a: checks.append(1) or real(*a))
@@ -180,10 +180,10 @@ def test_direct_forms_follow_the_q_k_norms_own_policy_and_fall_back_when_they_di
 def test_with_rope_the_q_k_norms_and_rotation_run_as_one_op_under_its_policy(triton_device, impl):
     # qk_norm_rope's policy picks the form (the norm modules' own policies and op rope's do not reach it): one call
     # per block, and the output is the fp64 twin's either way (the kernel rounds once, the native form twice)
-    model = randomized(config("dit_s", **SMALL, rope="video", grid=(2, 3, 5)))
+    model = randomized(config("dit_s", **SMALL, rope="video", grid=(2, 3, 5)), device=triton_device)
     for block in model.blocks:
         block.q_norm.policy = block.k_norm.policy = "kernel" if impl == "native" else "native"
-    x, c = torch.randn(2, 30, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    x, c = torch.randn(2, 30, SMALL["dim"], device=triton_device), torch.randn(2, SMALL["dim"], device=triton_device)
     with ops.policy(qk_norm_rope=impl, rope="native" if impl == "kernel" else "auto"):
         out, counts = counted(model, x, c)
     assert counts[("qk_norm_rope", "eager", impl)] == SMALL["depth"]
@@ -198,8 +198,8 @@ def test_each_gated_residual_joins_the_next_norm(triton_device, impl):
     # per forward: two layer_norm_modulate calls per block and the final norm's, each MLP's gated residual inside
     # the next one (no gated_residual call of its own); a block called alone still finishes its residual itself
     cfg = config("dit_s", **SMALL, rope="1d")
-    model = randomized(cfg, seed=3)
-    x, c = torch.randn(2, 11, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    model = randomized(cfg, seed=3, device=triton_device)
+    x, c = torch.randn(2, 11, SMALL["dim"], device=triton_device), torch.randn(2, SMALL["dim"], device=triton_device)
     with ops.policy(all=impl):
         out, counts = counted(model, x, c)
     ops_run = {op: n for (op, _, _), n in counts.items()}
@@ -241,8 +241,8 @@ def compiled_counts(model, x, c):
 def test_compiled_inference_traces_the_direct_forms_as_the_checked_ops_would(policy, triton_device, monkeypatch):
     # Under torch.compile the blocks resolve their plan once (a constant to the trace: fewer guards per call) and
     # skip the per-op checks; the graph must compute what the checked ops' graph computes, and count alike.
-    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=3)
-    x, c = torch.randn(2, 21, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=3, device=triton_device)
+    x, c = torch.randn(2, 21, SMALL["dim"], device=triton_device), torch.randn(2, SMALL["dim"], device=triton_device)
     with ops.policy(all=policy):
         direct_out, direct_counts = compiled_counts(model, x, c)
         monkeypatch.setattr(direct, "usable", lambda: False)
@@ -253,8 +253,8 @@ def test_compiled_inference_traces_the_direct_forms_as_the_checked_ops_would(pol
 
 
 def test_a_policy_change_recompiles_the_direct_forms(triton_device):
-    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=4)
-    x, c = torch.randn(1, 9, SMALL["dim"]), torch.randn(1, SMALL["dim"])
+    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=4, device=triton_device)
+    x, c = torch.randn(1, 9, SMALL["dim"], device=triton_device), torch.randn(1, SMALL["dim"], device=triton_device)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     seen = []
@@ -279,8 +279,8 @@ def test_compiled_counts_follow_a_kernel_entry_below_its_size_floor(triton_devic
     monkeypatch.setattr(
         measured, "table_entry", lambda op, *a: ("kernel", 1 << 40) if op == "linear_gelu" else real(op, *a)
     )
-    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=5)
-    x, c = torch.randn(1, 9, SMALL["dim"]), torch.randn(1, SMALL["dim"])
+    model = randomized(config("dit_s", **SMALL, rope="1d"), seed=5, device=triton_device)
+    x, c = torch.randn(1, 9, SMALL["dim"], device=triton_device), torch.randn(1, SMALL["dim"], device=triton_device)
     with ops.policy(all="native", linear_gelu="auto"):
         direct_out, direct_counts = compiled_counts(model, x, c)
         monkeypatch.setattr(direct, "usable", lambda: False)
