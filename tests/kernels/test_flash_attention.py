@@ -44,7 +44,9 @@ def qkv(device, dtype, b=1, hq=2, hkv=2, nq=77, nk=77, d=64):
 def check(q, k, v, causal, scale=None):
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = flash_attention_fwd(q, k, v, causal, scale)
-    assert out.dtype == q.dtype and out.shape == q.shape and out.is_contiguous()
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert out.transpose(1, 2).is_contiguous()  # stored [B, N, H, D], whatever q's order
+    assert out.stride() == fa._fake(q, k, v, causal, scale).stride()
     err = rel_err(out, attention_ref(q, k, v, causal, scale))
     assert err < TOL[q.dtype], f"relative error {err:.3e} over {TOL[q.dtype]:.1e} for {q.dtype}"
     return out
@@ -305,6 +307,9 @@ def test_strided_inputs(triton_device):
     q, k, v = (torch.randn(b, n, h, d, device=triton_device, dtype=torch.float16).transpose(1, 2) for _ in range(3))
     assert not q.is_contiguous()
     check(q, k, v, causal=True)
+    # a fused QKV projection's output [B, N, 3, H, D]: q, k, v views
+    qkv_out = torch.randn(b, n, 3, h, d, device=triton_device, dtype=torch.float16)
+    check(*qkv_out.permute(2, 0, 3, 1, 4), causal=False)
     # a channel stride of 2 cannot be used in place: copied first
     q2 = torch.randn(b, h, n, 2 * d, device=triton_device, dtype=torch.float16)[..., ::2]
     assert q2.stride(-1) == 2

@@ -2,8 +2,8 @@
 
 Every backend takes q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D] (any strides with a unit last-dim stride) and
 returns [B, Hq, Nq, D], laid out in memory as [B, Nq, Hq, D] (SDPA flash's and flash_attn's natural layout,
-contiguous for a "bsnd" caller), except "sdpa-cudnn", which keeps q's memory order as cuDNN writes it, and
-"triton" ([B, Hq, Nq, D] contiguous); each op's fake states the real strides. Each is opaque to
+contiguous for a "bsnd" caller; "triton" too), except "sdpa-cudnn", which keeps q's memory order as cuDNN
+writes it; each op's fake states the real strides. Each is opaque to
 torch.compile (a `custom_op` with a fake), so its body may pin an SDPA sub-backend or import a third-party
 package without breaking the graph; "triton" is `torch.ops.fullgraph.flash_attention`, which Inductor traces
 into on a GPU; "sdpa" is plain `F.scaled_dot_product_attention`, torch's own choice, visible to the compiler.
