@@ -3,7 +3,9 @@
 Used to choose `fullgraph.kernels.flash_attention.config`. Each candidate (BLOCK_M, BLOCK_N, warps, stages,
 TMA loads, warp-specialized key loop) is checked against SDPA's output, then timed with CUDA-graph replay beside the
 SDPA sub-backends on the same inputs; causal is swept over the best non-causal candidates only.
-`--short`: only the tiles `config` picks. `--ws`: TMA tiles with and without warp specialization side by
+`--short`: only the tiles `config` picks. `--shape B,H,N,D`: one point, q/k/v as views of a fused QKV
+projection's [B, N, 3, H, D] output (what the ViT passes), every tile without TMA plus smaller ones (a short
+batch fills the GPU with small tiles only). `--ws`: TMA tiles with and without warp specialization side by
 side, and the Gluon kernel's tiles, then stress tests of the WS tile and of the first Gluon tile. `--versus`:
 the default configuration against torch's SDPA called directly (cuDNN, flash), through fullgraph's
 "sdpa-cudnn" op, and the Gluon kernel, interleaved over several rounds (SDPA's cuDNN speed moves
@@ -35,6 +37,7 @@ TILES = {
          (128, 128, 4, 3), (64, 64, 4, 3)],
 }  # fmt: skip
 SHORT_TILES = {128: [(128, 64, 4, 2, True), (64, 64, 4, 3, False)], 64: [(128, 64, 4, 2, False), (64, 64, 4, 3, False)]}
+SMALL_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 1), (32, 32, 4, 2), (32, 32, 2, 2), (64, 32, 2, 2)]
 WS_TILES = [(128, 128, 4, 2), (128, 64, 4, 2), (64, 64, 4, 3)]
 # the hand-scheduled Gluon kernel: BLOCK_M = 16 · warps (· 2 with ws: two consumer partitions), stages = ring slots
 GLUON_TILES = [fa.Config(128, 128, 4, 2, ws=True, gluon=True), fa.Config(64, 64, 4, 2, gluon=True),
@@ -60,9 +63,12 @@ def ours(q, k, v, causal, cfg):
         fa.override = None
 
 
-def sweep_point(shape, causal, candidates, print_row):
+def sweep_point(shape, causal, candidates, print_row, fused_qkv=False):
     b, h, n, d = shape
-    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    if fused_qkv:
+        q, k, v = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)
+    else:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     flops = attention_flops(b, h, n, n, d, causal)
     ref = None
     results = {}
@@ -102,6 +108,15 @@ def main() -> int:
 
     short, ws, gluon = "--short" in sys.argv, "--ws" in sys.argv, "--gluon" in sys.argv
     ws = ws or gluon
+    if "--shape" in sys.argv:
+        shape = tuple(int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
+        tiles = [(*t, False) for t in TILES.get(shape[3], TILES[128]) + SMALL_TILES]
+        candidates = [fa.Config(*t) for t in dict.fromkeys(tiles)]
+        default = fa.config(shape[3], torch.bfloat16, shape[2], shape[0] * shape[1])
+        print(f"# {shape}: config() picks {default}", flush=True)
+        res, flops = sweep_point(shape, False, candidates, print_row, fused_qkv=True)
+        _summary(shape, False, res, flops)
+        return 0
     if "--versus" in sys.argv:
         versus()
         stress(fa.WS_TILE)
