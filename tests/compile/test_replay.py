@@ -88,3 +88,25 @@ def test_linear_gelu_takes_its_epilogue_below_the_floor_only_under_cuda_graphs(m
         with replay.replayed(False):
             assert measured.compiled_choice("linear_gelu", gpu, small) == "native"
     assert measured.compiled_choice("linear_gelu", torch.device("cpu"), large) == "native"
+
+
+def test_attention_takes_our_kernel_only_for_short_inputs_under_cuda_graphs(monkeypatch):
+    from fullgraph.ops.attention import compiled_auto
+    from fullgraph.ops.attention_backends import serve_reason, spec_of
+
+    monkeypatch.setattr(measured, "gpu_name", lambda index: "NVIDIA H200")
+    gpu = torch.device("cuda", 0)
+    vit_b4, vit_b256 = 4 * 12 * 197 * 64, 256 * 12 * 197 * 64  # ViT-B/16's q: our kernel won at batch 4, lost at 256
+    assert not measured.graphed_kernel_fits("attention", gpu, vit_b4)  # not replayed from CUDA graphs: no entry
+    with replay.replayed():
+        assert measured.graphed_kernel_fits("attention", gpu, vit_b4)
+        assert not measured.graphed_kernel_fits("attention", gpu, vit_b256)
+        assert not measured.graphed_kernel_fits("linear_gelu", gpu, vit_b4)  # no such entry
+        assert not measured.graphed_kernel_fits("attention", torch.device("cpu"), vit_b4)
+    monkeypatch.setattr(measured, "gpu_name", lambda index: "Unmeasured GPU")
+    with replay.replayed():
+        assert not measured.graphed_kernel_fits("attention", gpu, vit_b4)
+    q = torch.randn(1, 2, 5, 8)
+    spec = spec_of(q, q, None, False)
+    assert compiled_auto(spec, q.device) == "sdpa"
+    assert compiled_auto(spec, q.device, graphed_fit=True) == ("sdpa" if serve_reason("triton", *spec) else "triton")

@@ -130,14 +130,16 @@ def _inputs(q, k, v, layout: str, causal: bool, scale, attn_mask, backend: str):
     return qb, kb, vb, attn_mask, causal, scale
 
 
-def compiled_auto(spec, device: torch.device) -> str:
+def compiled_auto(spec, device: torch.device, graphed_fit: bool = False) -> str:
     """`auto` while torch.compile traces: torch's own SDPA ("sdpa", aten SDPA in the graph, as in plain code) unless
     an in-graph measurement on this GPU picked our kernel (`measured.py`, op `attention`). Not the eager-timed
     choice: that is a standalone timing, and its pinned SDPA sub-backends are opaque ops whose Python dispatch
     runs on every call of the compiled model (H200, timm-weight ViT-B/16 at batch 4, default mode: 12 calls of
     `fullgraph::sdpa_cudnn` cost 567 us of host time per forward, the model 0.80x timm's compiled speed).
-    Where "sdpa" cannot serve the call, the eager choice or the preference order (`choose_compiled`)."""
-    if measured.compiled_choice("attention", device) == "kernel" and not serve_reason("triton", *spec):
+    Where "sdpa" cannot serve the call, the eager choice or the preference order (`choose_compiled`).
+    `graphed_fit`: `measured.graphed_kernel_fits` for this call's q (our kernel measured ahead at its size in code
+    replayed from CUDA graphs)."""
+    if (measured.compiled_choice("attention", device) == "kernel" or graphed_fit) and not serve_reason("triton", *spec):
         return "triton"
     if not serve_reason("sdpa", *spec):
         return "sdpa"
@@ -152,7 +154,8 @@ def _resolve(q, k, v, attn_mask, causal: bool, scale: float, backend: str) -> st
         backend = policy_backend(spec)
     if backend == "auto":
         if compiling:
-            backend = compiled_auto(spec, q.device)
+            fit = measured.graphed_kernel_fits("attention", q.device, q.numel())
+            backend = compiled_auto(spec, q.device, fit)
         else:
             backend = _backends.choose_eager(
                 spec, lambda b: run_backend(b, q, k, v, attn_mask, causal, scale), q.device

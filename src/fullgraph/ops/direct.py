@@ -221,13 +221,13 @@ def _traced(device, numel, calls, policies) -> Direct:
 
 
 @torch.compiler.assume_constant_result
-def _attention_backend(spec: tuple, state: int) -> str:
+def _attention_backend(spec: tuple, state: int, graphed_fit: bool) -> str:
     """What `ops.attention` resolves for a call described by `spec` (a Spec's fields) while torch.compile traces,
-    counted as one traced call; `state`: version()."""
+    counted as one traced call; `state`: version(); `graphed_fit`: as in `compiled_auto`."""
     s = _backends.Spec(*spec)
     backend = policy_backend(s)
     if backend == "auto":
-        backend = compiled_auto(s, torch.device(s.device_type, s.device_index))
+        backend = compiled_auto(s, torch.device(s.device_type, s.device_index), graphed_fit)
     counters[("attention", "compiled", backend)] += 1
     return backend
 
@@ -236,5 +236,6 @@ def _attention_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     """`attention_bsnd` for compiled code: the backend resolved as `ops.attention` resolves it while tracing."""
     qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    backend = _attention_backend(tuple(_backends.spec_of(qb, kb, None, False)), version())
+    fit = measured.graphed_kernel_fits("attention", q.device, q.numel())
+    backend = _attention_backend(tuple(_backends.spec_of(qb, kb, None, False)), version(), fit)
     return _backends.run_backend(backend, qb, kb, vb, None, False, scale).transpose(1, 2)

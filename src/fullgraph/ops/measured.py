@@ -57,6 +57,16 @@ COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {
 }
 
 
+# GPU name -> {op: the main input's element count up to which the op's kernel beats its native form inside a graph
+# that replays from CUDA graphs}; only there (`fullgraph.replay`: the launches' host time is paid once, at capture),
+# for ops whose native form is the choice otherwise. attention (input: q, B x H x N x D): timm-weight ViT-B/16 at
+# batch 4 (q 4x12x197x64 = 605K elements) under perception ran 0.570 ms with our kernel against 0.615 ms with
+# torch's SDPA (cuDNN, plus a memset node per call) in the same call, 90 kernels against 102
+# (benchmarks/results/vit_h200.txt, sixth session); at batch 256 (38.7M elements) our kernel lost inside the graph
+# (2.77 against 2.13 ms of attention). Unmeasured between: the line sits just above the win, 2**20.
+GRAPHED_KERNEL_MAX_NUMEL: dict[str, dict[str, int]] = {"NVIDIA H200": {"attention": 1 << 20}}
+
+
 # Eager `auto` on a GPU takes the kernel only from this many elements of the main input up: below it a call is
 # host-bound and the kernel's launch path (a Python launcher, Triton's argument handling) costs more than the GPU
 # time it saves. On the H200 host (torch 2.11, triton 3.6; benchmarks/results/eager_overhead_h200.txt) the native
@@ -78,6 +88,16 @@ def compiled_choice(op: str, device: torch.device | None = None, numel: int | No
     if device is None or device.type != "cuda":
         return "native"
     return with_floor(*table_entry(op, device.type, device.index), numel)
+
+
+def graphed_kernel_fits(op: str, device: torch.device, numel: int | torch.SymInt) -> bool:
+    """Does GRAPHED_KERNEL_MAX_NUMEL put `op`'s kernel ahead for a main input of `numel` elements in the code traced
+    now? Only when that code replays from CUDA graphs, and only when `numel` is known (without a guard, as in
+    `known_at_least`) to be within the entry."""
+    if device.type != "cuda" or not replay.under_graphs():
+        return False
+    cap = GRAPHED_KERNEL_MAX_NUMEL.get(gpu_name(device.index), {}).get(op)
+    return cap is not None and bool(statically_known_true(numel <= cap))
 
 
 def with_floor(choice: str, floor: int | None, numel: int | torch.SymInt | None) -> str:
