@@ -212,6 +212,15 @@ def test_config_takes_the_gluon_tile_only_where_gluon_serves_and_pays(monkeypatc
     assert fa._gluon_refusal(torch.empty(1, 1, n_q, head_dim, dtype=torch.bfloat16), 0.1, tile, True, True) == ""
 
 
+@pytest.mark.parametrize("batch, block_m", [(1, 64), (4, 64), (10, 64), (11, 128), (256, 128)])
+def test_short_rows_take_64_query_tiles_only_on_a_small_grid(monkeypatch, batch, block_m):
+    # ViT-B/16: 197 tokens, 12 heads, head dim 64; 128-query tiles give 2 programs per (image, head), so from
+    # 11 images on the grid holds SMALL_GRID programs (264)
+    monkeypatch.setattr(fa.env, "triton_interpret", lambda: False)
+    assert fa.config(64, torch.bfloat16, 197, batch * 12).block_m == block_m
+    assert fa.config(64, torch.bfloat16, 1024, batch * 12) == fa.Config(64, 64, 4, 3)  # long rows: unchanged
+
+
 @pytest.fixture
 def as_on_hopper(monkeypatch):
     """The launcher believes it runs on an aligned Hopper GPU; the Gluon launches it decides on are recorded."""

@@ -116,7 +116,14 @@ def config(
         # 4-byte tiles and IEEE (non-tensor-core) dots: smaller tiles to fit shared memory and registers
         return Config(64, 32, 4, 2)
     if head_dim <= 64:
-        return Config(128, 64, 4, 2) if n_q <= 256 else Config(64, 64, 4, 3)
+        if n_q > 256:
+            return Config(64, 64, 4, 3)
+        # short rows: 128-query tiles, unless that leaves the grid under ~2 waves, where 64-query tiles halve each
+        # program's serial work. This is the tile of the whole-model measurement (ViT-B/16 at batch 4 under
+        # perception: 96 programs of 128 on 132 SMs; 0.570 ms, results/vit_h200.txt, sixth session); one call
+        # timed alone favoured 128-query tiles there (10.6 against 16.0 us, results/tune_attention_small_h200.csv,
+        # launch included): to be compared inside the graph
+        return Config(128, 64, 4, 2) if -(-n_q // 128) * batch_heads >= SMALL_GRID else Config(64, 64, 4, 2)
     if head_dim <= 128:
         if tma and ws:
             return WS_TILE
@@ -130,6 +137,7 @@ def gluon_tile(head_dim: int) -> Config:
     return GLUON_TILE if head_dim > 64 else Config(64, 128, 4, 2, gluon=True)
 
 
+SMALL_GRID = 256  # programs of 128-query tiles below which short rows take 64-query tiles (see `config`)
 GLUON_TILE = Config(128, 128, 4, 2, ws=True, gluon=True)
 # Below this many queries the Triton kernel is faster (see `config`); 2048 itself lies between measured points.
 GLUON_MIN_QUERIES = 2048
