@@ -25,6 +25,19 @@ def parse_sizes(flag: str, spec: str, example: str) -> tuple[int, ...]:
     return sizes
 
 
+TOP_KERNELS = 8  # kernels listed under each profiled row (--breakdown)
+
+
+def top_kernel_lines(breakdown, indent: str = "      ") -> list[str]:
+    """The kernels behind a profiled breakdown's classes, slowest first (what a change would aim at): one line each,
+    "gemm 0.1731 x22 nvjet_... (aten::addmm)"."""
+    lines = []
+    for k in breakdown.top[:TOP_KERNELS]:
+        where = f" ({k.source[:40]})" if k.source else ""
+        lines.append(f"{indent}{k.cls} {k.ms:.4f} x{k.calls} {k.name[:56]}{where}")
+    return lines
+
+
 def extra_policies(spec: str | None) -> dict[str, str]:
     """--policies "spec;spec" -> {label: spec}, each spec checked now (FULLGRAPH_OPS syntax, known ops only)."""
     out = {}

@@ -26,7 +26,7 @@ import torch
 
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows
-from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context
+from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context, top_kernel_lines
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
 from fullgraph.models.dit import DiT, PlainDiT, config
@@ -174,6 +174,7 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
                 table.append([point, f"  {name}: where the time goes ({launched} kernels{idle})", b.kernel_ms, "",
                               None, None])  # fmt: skip
                 table.append([point, f"    {classes}", None, "", None, None])
+                table += [[point, line, None, "", None, None] for line in top_kernel_lines(b)]
                 metrics = {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}
                 metrics |= {f"class_kernels_{k.name}": (k.kernels, "") for k in b.classes}
                 if b.idle_share is not None:

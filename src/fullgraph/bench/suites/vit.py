@@ -29,7 +29,7 @@ import torch
 import fullgraph.compile
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows, measurement_metrics
-from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context
+from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context, top_kernel_lines
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
 from fullgraph.models.vit import PlainViT, ViT, config, load_timm_state_dict
@@ -174,9 +174,7 @@ def run(args) -> tuple[list[Result], str]:
                 rates = [k for k in b.classes if k.rate is not None and k.name in ("gemm", "attention")]
                 if rates:  # the GEMMs' and attention's achieved rate, and its share of the measured ceiling
                     table.append([point, "    " + ", ".join(_rate_text(k) for k in rates)] + [None] * 7)
-                for k in b.top[:TOP_KERNELS]:  # the kernels behind the classes: what a change would aim at
-                    where = f" ({k.source[:40]})" if k.source else ""
-                    table.append([point, f"      {k.cls} {k.ms:.4f} x{k.calls} {k.name[:56]}{where}"] + [None] * 7)
+                table += [[point, line] + [None] * 7 for line in top_kernel_lines(b)]
                 metrics = {f"class_ms_{k.name}": (k.ms, "ms") for k in b.classes}
                 metrics |= {f"class_kernels_{k.name}": (k.kernels, "") for k in b.classes}
                 if b.idle_share is not None:
@@ -194,9 +192,6 @@ def _rate_text(k) -> str:
     """ "gemm 712 TFLOP/s (90% of the measured ceiling)" for a kernel class with a counted rate."""
     share = f" ({k.pct_of_ceiling:.0f}% of the measured ceiling)" if k.pct_of_ceiling is not None else ""
     return f"{k.name} {k.rate:.0f} {k.unit}{share}"
-
-
-TOP_KERNELS = 8  # kernels listed under each profiled row (--breakdown)
 
 
 class Policied:
