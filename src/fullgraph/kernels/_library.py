@@ -10,6 +10,8 @@ error when run.
 
 from __future__ import annotations
 
+import hashlib
+import pathlib
 import threading
 from collections.abc import Callable
 
@@ -19,6 +21,34 @@ from fullgraph import env
 from fullgraph.errors import FullgraphError
 
 NAMESPACE = "fullgraph"
+_TAG = "fullgraph-"
+
+
+def ops_fingerprint() -> str:
+    """A hash of the sources that define our ops, their launchers and fakes (fullgraph/kernels and fullgraph/ops)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted([*root.joinpath("kernels").glob("*.py"), *root.joinpath("ops").glob("*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def tag_compile_caches() -> None:
+    """Add our ops' fingerprint to torch's compile-cache keys (`torch.compiler.config.cache_key_tag`, kept beside any
+    tag of the user's). Inductor's FX graph cache and AOTAutograd's cache key on the graph, which names an op but not
+    its fake: after a fullgraph change to an op's output strides, a cached graph built against the old fake failed
+    at its first call ("expected size 2==2, stride 64==2112"), and one without that check would read the output
+    wrongly. A no-op on a torch without the setting."""
+    config = torch.compiler.config
+    try:
+        current = config.cache_key_tag
+    except AttributeError:
+        return
+    kept = [t for t in current.split("|") if t and not t.startswith(_TAG)]
+    config.cache_key_tag = "|".join([*kept, _TAG + ops_fingerprint()])
+
+
+tag_compile_caches()
 
 
 def require_triton():
