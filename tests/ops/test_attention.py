@@ -9,7 +9,7 @@ from torch import nn
 import fullgraph.kernels.flash_attention as fa
 from fullgraph import env
 from fullgraph.errors import UsageError
-from fullgraph.ops import RotaryEmbedding, counters
+from fullgraph.ops import RotaryEmbedding, counters, measured
 from fullgraph.ops.attention import BACKENDS, Attention, attention
 from fullgraph.ops.attention_backends import clear_memory, serve_reason, spec_of
 from tests.kernels.reference import assert_close, rel_err
@@ -225,7 +225,10 @@ def test_block_compiles_whole_and_matches_eager(request, monkeypatch, backend, m
     traced = {k[2] for k, c in counters.items() if k[:2] == ("attention", "compiled") and c > before.get(k, 0)}
     if backend != "auto":
         assert traced == {backend}
-    else:  # torch's own SDPA in the graph: no in-graph measurement (ops/measured.py) picks our kernel for attention
+    elif mode == "reduce-overhead" and measured.GRAPHED_KERNEL_MAX_NUMEL.get(measured.gpu_name(0), {}).get("attention"):
+        # replayed from CUDA graphs, a small attention on a GPU with a measured entry (ops/measured.py) is our kernel
+        assert traced == {"triton"}
+    else:  # torch's own SDPA in the graph: no in-graph measurement picks our kernel for attention here
         assert traced == {"sdpa"}
     for out, ref in zip(outs, eager + eager, strict=True):
         assert rel_err(out, ref) < tol
