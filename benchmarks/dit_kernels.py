@@ -7,8 +7,10 @@ Variants (same weights, torch.compile(fullgraph=True), default mode):
   native          DiT with every op's policy native
   native-lowp     native, but modulate, gated_residual and RoPE computed in the input dtype (as the plain twin does),
                   to see whether our float32 elementwise math costs anything inside the graph
+  auto            DiT with every op's policy auto (what `bench dit` calls "ours, auto")
 
-Run: PYTHONPATH=src python benchmarks/dit_kernels.py [--tokens 1024] [--top 25]
+Run: PYTHONPATH=src python benchmarks/dit_kernels.py [--tokens 1024] [--top 25] [--variants plain,auto]
+     [--mode reduce-overhead]
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--variants", default="plain,native,native-lowp,auto", help="comma-separated, of those above")
+    parser.add_argument("--mode", default="default", help="torch.compile mode (default, reduce-overhead, ...)")
     parser.add_argument("--small", action="store_true", help="a 2-block dim-128 stack (a CPU check of this script)")
     args = parser.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,20 +76,25 @@ def main() -> int:
     ours, plain = ours.to(dev, torch.bfloat16), plain.to(dev, torch.bfloat16)
     x = torch.randn(1, args.tokens, cfg.dim, device=dev, dtype=torch.bfloat16)
     c = torch.randn(1, cfg.dim, device=dev, dtype=torch.bfloat16)
-    models = {"plain": plain, "native": ours, "native-lowp": ours}
+    known = {"plain": plain, "native": ours, "native-lowp": ours, "auto": ours}
+    wanted = args.variants.split(",")
+    if unknown := [v for v in wanted if v not in known]:
+        parser.error(f"unknown variant(s) {unknown}; choose from {list(known)}")
     fns = {}
-    for name, model in models.items():
-        compiled = torch.compile(model, fullgraph=True)
+    for name in wanted:
+        torch._dynamo.reset()  # the same model under another policy: its own compile, not a served cache entry
+        compiled = torch.compile(known[name], fullgraph=True, mode=None if args.mode == "default" else args.mode)
 
         def call(compiled=compiled, name=name):
-            with torch.no_grad(), ops.policy(all="native"):
+            with torch.no_grad(), ops.policy(all="auto" if name == "auto" else "native"):
                 if name == "native-lowp":
                     with low_precision_elementwise():
                         return compiled(x, c)
                 return compiled(x, c)
 
         fns[name] = call
-        call()
+        for _ in range(3):  # compile, then (reduce-overhead) record the CUDA graph
+            call()
     medians = round_medians(fns, device=dev, rounds=5, reps=30)
     bd.TOP_N = 200
     tables = {}
