@@ -1,8 +1,10 @@
 """Where the host time of one call goes: ViT-B/16 bf16 at batch 4 under fullgraph.compile's perception preset
 against the same model under a plain torch.compile(mode="reduce-overhead"), side by side in one process.
 
-Per variant: latency with a sync after each call (what `bench vit` times), the host time of a call alone (the
-enqueue, no sync), and a cProfile of --profile-calls calls of the preset (top functions by own time).
+Per variant: the time per call back to back between CUDA events (what `bench vit` reports), latency with a sync
+after each call, the host time of a call alone (the enqueue, no sync), and a cProfile of --profile-calls calls of
+the preset (top functions by own time). "perception, unstaged" is the preset without its input staging
+(compile/staging.py), to see what the staging copy costs or saves on this torch.
 Usage (GPU): PYTHONPATH=src python3 benchmarks/host_probe.py [--batch 4] [--calls 300]
 """
 
@@ -20,6 +22,7 @@ import torch
 
 import fullgraph.compile
 from fullgraph.models.vit import vit_b16
+from fullgraph.timing import measure
 
 
 def timed(fn, x, calls: int) -> tuple[list[float], list[float]]:
@@ -52,21 +55,24 @@ def main() -> None:
     variants = {
         "torch.compile reduce-overhead": torch.compile(copy.deepcopy(base), mode="reduce-overhead"),
         "fullgraph.compile perception": fullgraph.compile(copy.deepcopy(base), "perception", dtype=torch.bfloat16),
+        "perception, unstaged": fullgraph.compile(copy.deepcopy(base), "perception", dtype=torch.bfloat16),
     }
+    variants["perception, unstaged"].__dict__["_staging"] = None
     with torch.no_grad():
         for fn in variants.values():
             for _ in range(5):
                 fn(x)
         torch.cuda.synchronize()
-        print(f"{'variant':34} {'synced ms p50 (p20-p80, p95)':34} {'host ms p50 (p95)':20}")
-        for _round in range(2):  # interleaved rounds: the host's drift hits both
+        print(f"{'variant':30} {'back to back ms':16} {'synced ms p50 (p20-p80, p95)':34} {'host ms p50 (p95)':20}")
+        for _round in range(3):  # interleaved rounds: the host's drift hits all
             for name, fn in variants.items():
+                b2b = measure(lambda fn=fn: fn(x), device="cuda", reps=args.calls).median_ms
                 s, h = timed(fn, x, args.calls)
                 print(
-                    f"{name:34} {statistics.median(s):.4f} ({q(s, 0.2):.4f}-{q(s, 0.8):.4f}, {q(s, 0.95):.4f})"
-                    f"{'':6} {statistics.median(h):.4f} ({q(h, 0.95):.4f})"
+                    f"{name:30} {b2b:<16.4f} {statistics.median(s):.4f} ({q(s, 0.2):.4f}-{q(s, 0.8):.4f}, "
+                    f"{q(s, 0.95):.4f}){'':6} {statistics.median(h):.4f} ({q(h, 0.95):.4f})"
                 )
-        for name, fn in variants.items():
+        for name, fn in list(variants.items())[1:]:
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(args.profile_calls):
