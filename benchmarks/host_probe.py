@@ -3,8 +3,8 @@ against the same model under a plain torch.compile(mode="reduce-overhead"), side
 
 Per variant: the time per call back to back between CUDA events (what `bench vit` reports), latency with a sync
 after each call, the host time of a call alone (the enqueue, no sync), and a cProfile of --profile-calls calls of
-the preset (top functions by own time). "perception, unstaged" is the preset without its input staging
-(compile/staging.py), to see what the staging copy costs or saves on this torch.
+the preset (top functions by own time). (Its run of 2026-12-03 also had the preset without the
+input staging it had then: benchmarks/results/host_probe_staging_h200.txt; the staging went.)
 Usage (GPU): PYTHONPATH=src python3 benchmarks/host_probe.py [--batch 4] [--calls 300]
 """
 
@@ -55,9 +55,7 @@ def main() -> None:
     variants = {
         "torch.compile reduce-overhead": torch.compile(copy.deepcopy(base), mode="reduce-overhead"),
         "fullgraph.compile perception": fullgraph.compile(copy.deepcopy(base), "perception", dtype=torch.bfloat16),
-        "perception, unstaged": fullgraph.compile(copy.deepcopy(base), "perception", dtype=torch.bfloat16),
     }
-    variants["perception, unstaged"].__dict__["_staging"] = None
     with torch.no_grad():
         for fn in variants.values():
             for _ in range(5):

@@ -43,7 +43,6 @@ from fullgraph.compile.dynamic import DynamicSpec, check_dynamic_spec, declare_d
 from fullgraph.compile.options import DynamoConfig, Resolved, resolve
 from fullgraph.compile.plan import PlanResult, build_parts
 from fullgraph.compile.presets import Preset
-from fullgraph.compile.staging import Staging
 from fullgraph.compile.stats import CompileStats, Tracker
 from fullgraph.compile.trace import TraceScope
 from fullgraph.errors import FullgraphError, UsageError
@@ -109,11 +108,6 @@ class CompiledModel(nn.Module):
         # Kept out of nn.Module's registry: the compiled wrapper holds the same model, moved and saved through it.
         whole = None if eager or parts is not None else torch.compile(model, **resolved.compile_kwargs())
         self.__dict__["_compiled"] = parts.call if parts is not None and not eager else whole
-        # a whole model of fixed shapes replayed by CUDA graph trees: inputs copied into static buffers by a plain
-        # copy, not the trees' multi-tensor copy (staging.py)
-        replays_trees = resolved.backend == "inductor" and resolved.replays_cuda_graphs
-        staged = whole is not None and replays_trees and resolved.dynamic is False and not dynamic
-        self.__dict__["_staging"] = Staging(self._names) if staged else None
 
     # -- calls -------------------------------------------------------------------------------------------------
 
@@ -132,9 +126,6 @@ class CompiledModel(nn.Module):
             if self._dynamic and not self._eager:
                 declare_dynamic(self._orig_mod, args, kwargs, self._dynamic)  # marks live on this call's tensors
             fn = self._orig_mod if self._eager else self._compiled
-            staging = None if self._eager else self._staging
-            if staging is not None:
-                args, kwargs = staging(args, kwargs)
             strict = self._strict and self._warmed and not warming and not self._eager
             self._tracker.begin()
             try:
@@ -144,8 +135,6 @@ class CompiledModel(nn.Module):
                 self._tracker.end()
                 out = self._failed(e, strict, args, kwargs)
             else:
-                if staging is not None:
-                    out = staging.checked(out)
                 call = self._tracker.end()
                 if strict and call.frames_compiled:  # a new frame's first compile, on a torch whose stance lets it
                     raise StrictRecompileError(
