@@ -186,6 +186,37 @@ def test_dtype_casts_the_model_and_floating_inputs():
         torch.testing.assert_close(out, ref.double()(x.double()))
 
 
+class Mixed(nn.Module):
+    def forward(self, x, n, extra, scale=1.0):
+        return x * scale + extra[0] + n, extra[1]
+
+
+def test_dtype_casts_floating_inputs_at_any_depth_and_leaves_the_rest():
+    cm = fullgraph.compile(Mixed(), backend="eager", dtype=torch.float64)
+    x, y, ids = torch.randn(2, 3), torch.randn(3), torch.arange(3)
+    for extra in ([y, ids], {0: y, 1: ids}):  # the pytree path (a container among the arguments)
+        out, kept = cm(x, 2, extra)
+        assert out.dtype == torch.float64 and kept.dtype == torch.int64
+        torch.testing.assert_close(out, x.double() + y.double() + 2)
+    plain = fullgraph.compile(nn.Linear(3, 3), backend="eager", dtype=torch.float64)
+    for t in (x, x.double(), x.half()):  # the fast path: tensors only; any floating dtype comes in cast
+        assert plain(t).dtype == torch.float64
+
+
+def test_a_changed_input_is_caught_after_calls_that_skipped_the_check():
+    cm = fullgraph.compile(Mlp(), backend="eager")
+    x = torch.randn(3, 8)
+    for _ in range(3):  # the second and third call match the first: the check is skipped
+        cm(x)
+    with pytest.raises(
+        UsageError, match=r"input 'x': the model was compiled for torch.float32 on cpu, got torch.float64"
+    ):
+        cm(x.double())
+    assert cm(x).shape == (3, 8)
+    cm.double()  # .to() and friends forget the inputs seen: the next call sets them anew
+    assert cm(x.double()).dtype == torch.float64
+
+
 class Keyed(nn.Module):
     def __init__(self):
         super().__init__()

@@ -49,6 +49,12 @@ class DynamoConfig:
         self.items = tuple(items.items())
         self.saved: list[tuple[str, Any]] = []
 
+    @staticmethod
+    def holds(items: dict[str, Any]) -> bool:
+        """Do Dynamo's config values already equal `items` (nothing to set)?"""
+        cfg = torch._dynamo.config
+        return all(getattr(cfg, name) == value for name, value in items.items())
+
     def __enter__(self) -> None:
         cfg = torch._dynamo.config
         saved = []
