@@ -135,11 +135,11 @@ class Tracker:
 
     def end(self) -> CompileStats:
         """Fold what happened since `begin()` into the totals; returns this call's own counts."""
-        from torch._dynamo.utils import compilation_time_metrics
-
         if _activity() == self._activity:  # a cache hit: nothing compiled, nothing to diff
             self._hits += 1
             return _HIT
+        from torch._dynamo.utils import compilation_time_metrics
+
         frames0, graphs0, reasons0, resumes0, last0, skips0, timed0 = self._before
         self._before = None  # taken again at the next begin()
         c = _counters()
