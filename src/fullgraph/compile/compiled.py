@@ -2,8 +2,8 @@
 
 Scoped config. Dynamo and Inductor read their config when they compile, and they compile inside calls. This
 model's Inductor options travel with its `torch.compile(options=...)`, which Inductor applies to its compiles
-only; its Dynamo config (the recompile limit) is applied with `torch._dynamo.config.patch` around each of its
-calls and warm-ups, and taken off after, so other models and the rest of the process keep the defaults.
+only; its Dynamo config (the recompile limit) is set around each of its calls and warm-ups where it differs from
+the process's, and put back after, so other models and the rest of the process keep the defaults.
 
 What torch shares anyway. Dynamo caches compiled code per code object, so every instance of one class shares one
 cache: a second instance may run the code compiled for the first (and then compiles nothing), and their recompiles
@@ -156,8 +156,8 @@ class CompiledModel(nn.Module):
 
     def _scope(self, strict: bool) -> contextlib.AbstractContextManager:
         """The contexts around one call, as one context manager. The hot path (a steady call under a preset) needs
-        one or none: a generator context manager and an ExitStack around them cost more host time than the call's
-        own bookkeeping (~30 us of ~50 on the 2-core CPU, 2026-12-03), so those serve only calls that need several."""
+        one or none: a generator context manager and an ExitStack around them cost 10-30 us of host time per call on
+        the 2-core CPU (2026-12-03, benchmarks/wrapper_overhead.py), so those serve only calls that need several."""
         scopes: list[contextlib.AbstractContextManager] = []
         if self._resolved.dynamo and not DynamoConfig.holds(self._resolved.dynamo):
             scopes.append(DynamoConfig(self._resolved.dynamo))
