@@ -201,10 +201,11 @@ class CompiledModel(nn.Module):
 
     def _inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Floating inputs cast to `dtype=`; every tensor checked against what it was on the first call."""
+        flat = all(isinstance(a, _LEAVES) for a in args) and all(isinstance(v, _LEAVES) for v in kwargs.values())
         if self._dtype is not None:
-            args, kwargs = _cast(args, kwargs, self._dtype)
+            args, kwargs = _cast(args, kwargs, self._dtype, flat)
         # the usual call, positional tensors and scalars, as the last checked one: nothing new to check
-        plain = not kwargs and all(isinstance(a, _LEAVES) for a in args)
+        plain = flat and not kwargs
         key = tuple((a.dtype, a.device) if isinstance(a, torch.Tensor) else None for a in args) if plain else None
         if key is not None and key == self.__dict__.get("_checked"):
             return args, kwargs
@@ -316,15 +317,15 @@ class CompiledModel(nn.Module):
 _LEAVES = (torch.Tensor, int, float, bool, str, type(None))
 
 
-def _cast(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
+def _cast(args: tuple, kwargs: dict, dtype: torch.dtype, flat: bool) -> tuple[tuple, dict]:
     """Floating tensors among the arguments cast to `dtype`, at any depth. Arguments that are all tensors or scalars
-    (the usual call) skip pytree: its flatten and unflatten took ~45 us of host time per call on the 2-core CPU
-    (2026-12-03), most of `fullgraph.compile`'s own time per call."""
+    (`flat`, the usual call) skip pytree: its flatten and unflatten took ~45 us of host time per call on the 2-core
+    CPU (2026-12-03), most of `fullgraph.compile`'s own time per call."""
 
     def one(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
 
-    if all(isinstance(a, _LEAVES) for a in args) and all(isinstance(v, _LEAVES) for v in kwargs.values()):
+    if flat:
         args = tuple(one(a) if isinstance(a, torch.Tensor) else a for a in args)
         return args, {k: one(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()} if kwargs else kwargs
     return tree_map_only(torch.Tensor, one, (args, kwargs))
