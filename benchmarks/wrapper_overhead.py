@@ -1,21 +1,23 @@
 """Host time per call of `fullgraph.compile`'s wrapper: a small model under a preset against the same model under a
 plain `torch.compile`, and against the preset's own compiled function called directly (what the wrapper adds:
-the dtype= cast, the input check, stats, the per-call scope). Interleaved rounds; min and median per variant.
+the dtype= cast, the input check, stats, the per-call scope). Interleaved rounds (`timing.round_medians`: on a GPU
+CUDA events, which a call this small keeps host-bound); min and median of the rounds' medians per variant.
 
 Run: PYTHONPATH=src python benchmarks/wrapper_overhead.py [--preset perception] [--device cpu] [--rounds 15]
-(2-core CPU, torch 2.13, 2026-12-03, nn.Linear(8, 8), perception, dtype=float32: the wrapper over its compiled
-function +106 us per call before 1985ea5, +36 after; plain torch.compile 61 us, the preset's function 76.)
+(2-core CPU, torch 2.13, 2026-12-03, nn.Linear(8, 8), perception, dtype=float32, min of the round medians: the
+wrapper over its compiled function +93 us per call before 1985ea5, +30 after; plain torch.compile 62 us, the
+preset's function 75.)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import time
 
 import torch
 
 import fullgraph.compile
+from fullgraph.timing import round_medians
 
 
 def main() -> None:
@@ -34,27 +36,17 @@ def main() -> None:
         "  its compiled function alone": preset._compiled,
     }
 
-    def per_call_us(fn) -> float:
-        if args.device != "cpu":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.calls):
-            fn(x)
-        if args.device != "cpu":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / args.calls * 1e6
-
     with torch.no_grad():
         for fn in variants.values():
             for _ in range(50):
                 fn(x)
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name, fn in variants.items():
-                times[name].append(per_call_us(fn))
-    for name, v in times.items():
-        v.sort()
-        print(f"{name:34} min {v[0]:7.1f} us   median {v[len(v) // 2]:7.1f} us per call")
+        rounds = round_medians(
+            {name: lambda fn=fn: fn(x) for name, fn in variants.items()},
+            device=args.device, rounds=args.rounds, reps=args.calls,
+        )  # fmt: skip
+    for name, ms in rounds.items():
+        ms.sort()
+        print(f"{name:34} min {ms[0] * 1e3:7.1f} us   median {ms[len(ms) // 2] * 1e3:7.1f} us per call (round medians)")
 
 
 if __name__ == "__main__":
