@@ -55,6 +55,23 @@ def low_precision_elementwise():
         mod.modulate_native, mod.gated_residual_native, rope.rope_native = saved
 
 
+def twins(tokens: int, device: str, **overrides):
+    """(ours, plain, x, c): the dit_3072 stack (1-D RoPE) with random weights and its plain twin loaded from it,
+    both bf16 on `device`, and one batch of inputs."""
+    cfg = D.config("dit_3072", rope="1d", max_tokens=tokens, **overrides)
+    torch.manual_seed(0)
+    ours = D.DiT(cfg).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_(0, 0.02)
+    plain = D.PlainDiT(cfg).eval()
+    plain.load_state_dict(ours.state_dict())
+    ours, plain = ours.to(device, torch.bfloat16), plain.to(device, torch.bfloat16)
+    x = torch.randn(1, tokens, cfg.dim, device=device, dtype=torch.bfloat16)
+    c = torch.randn(1, cfg.dim, device=device, dtype=torch.bfloat16)
+    return ours, plain, x, c
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024)
@@ -65,17 +82,7 @@ def main() -> int:
     args = parser.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     small = {"dim": 128, "heads": 2, "depth": 2} if args.small else {}
-    cfg = D.config("dit_3072", rope="1d", max_tokens=args.tokens, **small)
-    torch.manual_seed(0)
-    ours = D.DiT(cfg).eval()
-    with torch.no_grad():
-        for p in ours.parameters():
-            p.normal_(0, 0.02)
-    plain = D.PlainDiT(cfg).eval()
-    plain.load_state_dict(ours.state_dict())
-    ours, plain = ours.to(dev, torch.bfloat16), plain.to(dev, torch.bfloat16)
-    x = torch.randn(1, args.tokens, cfg.dim, device=dev, dtype=torch.bfloat16)
-    c = torch.randn(1, cfg.dim, device=dev, dtype=torch.bfloat16)
+    ours, plain, x, c = twins(args.tokens, dev, **small)
     known = {"plain": plain, "native": ours, "native-lowp": ours, "auto": ours}
     wanted = args.variants.split(",")
     if unknown := [v for v in wanted if v not in known]:

@@ -159,6 +159,25 @@ def test_eager_inference_calls_the_chosen_forms_directly_with_the_checked_ops_ou
     assert {impl for (op, _, impl) in direct_counts if op != "attention"} == {policy}
 
 
+def test_eager_auto_takes_an_ops_kernel_from_its_own_floor(triton_device, monkeypatch):
+    # the device floor above every size here; the two fused ops' own floors below: eager auto runs their kernels
+    # and every other op's native form, with the fp64 twin's output
+    if triton_device != "cpu":
+        pytest.skip("sets the CPU's eager floors (the interpreter's kernels)")
+    monkeypatch.setitem(measured.EAGER_KERNEL_MIN_NUMEL, "cpu", 1 << 30)
+    monkeypatch.setitem(measured.EAGER_KERNEL_MIN_NUMEL_BY_OP, "cpu", {"qk_norm_rope": 0, "layer_norm_modulate": 0})
+    model = randomized(config("dit_s", **SMALL, rope="1d"))
+    x, c = torch.randn(2, 37, SMALL["dim"]), torch.randn(2, SMALL["dim"])
+    with ops.policy(all="auto"):
+        out, counts = counted(model, x, c)
+    assert counts[("qk_norm_rope", "eager", "kernel")] == SMALL["depth"]
+    assert counts[("layer_norm_modulate", "eager", "kernel")] == 2 * SMALL["depth"] + 1
+    assert counts[("linear_gelu", "eager", "native")] == SMALL["depth"]
+    with torch.no_grad():
+        expected = twin(model, dtype=torch.float64)(x.double(), c.double())
+    assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-5
+
+
 def test_direct_forms_follow_the_q_k_norms_own_policy_and_fall_back_when_they_differ():
     model = randomized(config("dit_s", **SMALL, rope=None))  # with RoPE the norms run inside op qk_norm_rope
     x, c = torch.randn(1, 9, SMALL["dim"]), torch.randn(1, SMALL["dim"])

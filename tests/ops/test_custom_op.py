@@ -200,3 +200,25 @@ def test_a_functional_forms_cached_choice_keeps_the_size_classes_apart_as_a_modu
             with policy(rms_norm="auto"):
                 torch.testing.assert_close(rms_norm(x, module.weight), module(x))
             assert counters[("rms_norm", "eager", impl)] == before + 2  # the functional call and the module's
+
+
+def test_an_ops_own_eager_floor_replaces_the_devices_for_that_op_only(monkeypatch):
+    if not env.triton_runs_on("cpu")[0]:
+        pytest.skip("needs kernels to run here (TRITON_INTERPRET=1)")
+    from fullgraph.ops import RMSNorm, custom_op, layer_norm, rms_norm
+
+    monkeypatch.setitem(measured.EAGER_KERNEL_MIN_NUMEL, "cpu", 1 << 20)
+    monkeypatch.setitem(measured.EAGER_KERNEL_MIN_NUMEL_BY_OP, "cpu", {"rms_norm": 64})
+    custom_op._FUNCTIONAL.clear()
+    assert measured.eager_floor("cpu", "rms_norm") == 64 and measured.eager_floor("cpu", "layer_norm") == 1 << 20
+    small, large = torch.randn(4, 8), torch.randn(8, 8)  # either side of rms_norm's own floor, below the device's
+    module = RMSNorm(8)
+    for x, impl in ((small, "native"), (large, "kernel"), (large, "kernel")):
+        before = counters[("rms_norm", "eager", impl)], counters[("layer_norm", "eager", "native")]
+        with policy(all="auto"):
+            torch.testing.assert_close(rms_norm(x, module.weight), module(x))
+            layer_norm(x)  # below the device's floor: native at both sizes
+        after = counters[("rms_norm", "eager", impl)], counters[("layer_norm", "eager", "native")]
+        assert after == (before[0] + 2, before[1] + 1)  # rms_norm: the functional call and the module's
+    assert not measured.eager_kernel_pays("cpu", 64, "layer_norm") and measured.eager_kernel_pays("cpu", 64, "rms_norm")
+    assert [measured.eager_size_class("cpu", n) for n in (63, 64, 1 << 20)] == [0, 1, 2]

@@ -72,7 +72,7 @@ def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: 
         impl = choose(op, instance_policy, device, True, numel=numel)
         count_trace(op, impl)
         return impl
-    small = numel is not None and not measured.eager_kernel_pays(device.type, numel)
+    small = numel is not None and not measured.eager_kernel_pays(device.type, numel, op)
     if cache is None:
         cache, key = _FUNCTIONAL, (version(), op, device.type, instance_policy, small)  # `run` builds it inline too
     else:
@@ -123,7 +123,7 @@ def run(op: str, native, kernel, x: torch.Tensor, *args):
         impl = dispatch(op, None, x.device, None, x.numel())
     else:
         device_type = x.device.type
-        key = (version(), op, device_type, None, x.numel() < measured.EAGER_KERNEL_MIN_NUMEL.get(device_type, 0))
+        key = (version(), op, device_type, None, x.numel() < measured.eager_floor(device_type, op))
         impl = _FUNCTIONAL.get(key)
         if impl is None:
             impl = dispatch(op, None, x.device, None, x.numel())

@@ -156,12 +156,12 @@ def direct(device: torch.device, numel: int, calls: str,
     own), or under torch.compile as that many traced calls."""
     if torch.compiler.is_compiling():
         return _traced(device, numel, calls, policies)
-    small = not measured.eager_kernel_pays(device.type, numel)
-    key = (version(), device.type, small, policies)
+    key = (version(), device.type, measured.eager_size_class(device.type, numel), policies)
     plan = _plans.get(key)
     if plan is None:
         own = dict(policies)
-        impls = {op: choose(op, own.get(op), device, False, small) for op in FORMS}
+        pays = measured.eager_kernel_pays
+        impls = {op: choose(op, own.get(op), device, False, not pays(device.type, numel, op)) for op in FORMS}
         if len(_plans) >= 64:
             _plans.clear()
         plan = _plans[key] = Direct(*(FORMS[op][impl == "kernel"] for op, impl in impls.items()), attention_bsnd, impls)

@@ -76,10 +76,30 @@ GRAPHED_KERNEL_MAX_NUMEL: dict[str, dict[str, int]] = {"NVIDIA H200": {"attentio
 # interpreter (CPU tests) the kernel always runs, as speed means nothing there.
 EAGER_KERNEL_MIN_NUMEL: dict[str, int] = {"cuda": 1 << 26}
 
+# Device type -> {op: its own floor}, replacing the one above for an op whose native form takes several launches
+# where its kernel takes one, so that the kernel's one launch costs less host time than the native form's several
+# at every size measured (the measurement with each entry).
+EAGER_KERNEL_MIN_NUMEL_BY_OP: dict[str, dict[str, int]] = {"cuda": {}}
 
-def eager_kernel_pays(device_type: str, numel: int) -> bool:
-    """Is an eager input of `numel` elements on `device_type` big enough for `auto` to take the kernel?"""
-    return numel >= EAGER_KERNEL_MIN_NUMEL.get(device_type, 0)
+
+def eager_floor(device_type: str, op: str | None = None) -> int:
+    """The main input's element count from which eager `auto` takes `op`'s kernel on `device_type`."""
+    own = EAGER_KERNEL_MIN_NUMEL_BY_OP.get(device_type)
+    if own and op in own:
+        return own[op]
+    return EAGER_KERNEL_MIN_NUMEL.get(device_type, 0)
+
+
+def eager_kernel_pays(device_type: str, numel: int, op: str | None = None) -> bool:
+    """Is an eager input of `numel` elements on `device_type` big enough for `auto` to take `op`'s kernel (any op's,
+    for None: the device's floor)?"""
+    return numel >= eager_floor(device_type, op)
+
+
+def eager_size_class(device_type: str, numel: int) -> int:
+    """How many of `device_type`'s eager floors `numel` reaches: inputs of one class get the same eager choices."""
+    floors = {EAGER_KERNEL_MIN_NUMEL.get(device_type, 0), *EAGER_KERNEL_MIN_NUMEL_BY_OP.get(device_type, {}).values()}
+    return sum(numel >= f for f in floors)
 
 
 def compiled_choice(op: str, device: torch.device | None = None, numel: int | None = None) -> str:

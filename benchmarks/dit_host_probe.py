@@ -1,0 +1,174 @@
+"""Host time of one DiT call, compiled in default mode and eager: where a host-bound call (1024 tokens on the H200
+host) spends the CPU time that decides its speed, plain twin against ours.
+
+Per variant: the time per call back to back between CUDA events (what `bench dit` reports), the host time of one
+call alone (its enqueue, after a sync, so nothing waits on the GPU), the GPU's kernel count and kernel time
+(torch.profiler), and for --profile variants a cProfile of 30 calls (top functions by own time). --code DIR writes
+the Inductor output code of each compiled variant there.
+
+Variants (same weights, torch.compile(fullgraph=True), default mode unless eager):
+  plain            PlainDiT
+  auto             DiT, every op auto
+  fused            auto with the two fused kernels (qk_norm_rope, layer_norm_modulate) pinned to "kernel"
+  eager-plain, eager-auto   the two twins uncompiled
+  eager-fused      eager-auto with the two fused kernels pinned ("fused" uncompiled)
+  eager-fused-lg   eager-fused with linear_gelu's kernel form (cuBLASLt's GELU epilogue) pinned too
+
+Usage (GPU): PYTHONPATH=src python3 benchmarks/dit_host_probe.py [--tokens 1024] [--variants plain,auto,...]
+             [--profile fused,eager-auto] [--code out/code]
+With TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 (a fresh process and TORCHINDUCTOR_CACHE_DIR: Inductor
+keeps a kernel's launcher with its loaded module) our kernels launch through Inductor's static launcher, as its own
+kernels do; the "launchers" line after each compile says which launcher each kernel got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pathlib
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+from dit_kernels import twins  # benchmarks/, this script's folder
+
+from fullgraph import ops
+from fullgraph.bench import breakdown as bd
+from fullgraph.timing import round_medians
+
+FUSED = {"qk_norm_rope": "kernel", "layer_norm_modulate": "kernel"}
+VARIANTS = {  # name -> (plain model?, policy, compiled?)
+    "plain": (True, {}, True),
+    "auto": (False, {}, True),
+    "fused": (False, FUSED, True),
+    "eager-plain": (True, {}, False),
+    "eager-auto": (False, {}, False),
+    "eager-fused": (False, FUSED, False),
+    "eager-fused-lg": (False, {**FUSED, "linear_gelu": "kernel"}, False),
+}
+
+
+def host_times(fn, calls: int) -> tuple[float, float]:
+    """(median host ms of one call's enqueue, median synced latency ms), each call after a sync."""
+    host, synced = [], []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append((t1 - t0) * 1e3)
+        synced.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(host), statistics.median(synced)
+
+
+def dump_code(directory: pathlib.Path, name: str, before: set) -> None:
+    from torch._inductor.codecache import PyCodeCache
+
+    mods = getattr(PyCodeCache, "modules", None) or list(getattr(PyCodeCache, "modules_no_attr", {}).values())
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, m in enumerate(m for m in mods if getattr(m, "__file__", None) not in before):
+        path = pathlib.Path(m.__file__)
+        text = path.read_text()
+        if "def call(" in text:
+            (directory / f"{name}_{i}.py").write_text(text)
+
+
+def launcher_kinds(before: set) -> dict[str, int]:
+    """How the kernels of the Inductor modules loaded since `before` launch: the runner type behind each launcher
+    (StaticallyLaunchedCudaKernel: Inductor's static launcher; anything else: Triton's own), user kernels apart."""
+    from torch._inductor.codecache import PyCodeCache
+
+    kinds: dict[str, int] = {}
+    for m in getattr(PyCodeCache, "modules", None) or []:
+        if getattr(m, "__file__", None) in before:
+            continue
+        for obj in vars(m).values():
+            for launcher in getattr(obj, "launchers", None) or []:
+                runner = getattr(launcher, "__globals__", {}).get("runner")
+                owner = type(getattr(runner, "__self__", runner)).__name__
+                user = "user" if "USER" in str(getattr(obj, "heuristic_type", "")) else "inductor"
+                kinds[f"{user}:{owner}"] = kinds.get(f"{user}:{owner}", 0) + 1
+    return kinds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--variants", default="plain,auto,fused,eager-plain,eager-auto,eager-fused,eager-fused-lg")
+    ap.add_argument("--profile", default="auto,fused,eager-auto,eager-plain,eager-fused")
+    ap.add_argument("--code", default=None)
+    ap.add_argument("--calls", type=int, default=60)
+    args = ap.parse_args()
+    wanted = args.variants.split(",")
+    if unknown := [v for v in wanted if v not in VARIANTS]:
+        ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    ours, plain, x, c = twins(args.tokens, "cuda")
+    with torch.no_grad():
+        reference = plain(x, c).float()
+    fns, errors = {}, {}
+    for name in wanted:
+        is_plain, pol, compiled = VARIANTS[name]
+        model = plain if is_plain else ours
+        if compiled:
+            torch._dynamo.reset()
+            model = torch.compile(model, fullgraph=True)
+
+        def call(model=model, pol=pol):
+            with torch.no_grad(), ops.policy(all="auto", **pol):
+                return model(x, c)
+
+        from torch._inductor.codecache import PyCodeCache
+
+        before = {getattr(m, "__file__", None) for m in (getattr(PyCodeCache, "modules", None) or [])}
+        t0 = time.perf_counter()
+        out = call()
+        call()
+        torch.cuda.synchronize()
+        print(f"{name}: first two calls {time.perf_counter() - t0:.1f} s", flush=True)
+        errors[name] = ((out.float() - reference).norm() / reference.norm()).item()
+        if compiled:
+            print(f"  launchers: {launcher_kinds(before)}", flush=True)
+        if args.code and compiled:
+            dump_code(pathlib.Path(args.code), name, before)
+        fns[name] = call
+    medians = round_medians(fns, device="cuda", rounds=5, reps=30)
+    print(
+        f"\nDiT 3072 x 24 heads x 4 blocks, {args.tokens} tokens, bf16, default mode (eager-*: uncompiled,"
+        " their ratio against eager-plain)"
+    )
+    print(f"{'variant':14} {'b2b ms':>8} {'rounds':>13} {'host ms':>8} {'synced':>8} {'kernels':>8} {'kernel ms':>9}"
+          f" {'idle':>6} {'plain/this':>10} {'err':>8}")  # fmt: skip
+    base = statistics.median(medians[wanted[0]])
+    eager_base = statistics.median(medians["eager-plain"]) if "eager-plain" in medians else base
+    for name, fn in fns.items():
+        host, synced = host_times(fn, args.calls)
+        b = bd.profile_breakdown(fn, device="cuda", label=name, calls=10, dtype=torch.bfloat16)
+        n = sum(cl.kernels for cl in b.classes)
+        med = statistics.median(medians[name])
+        ratio = (eager_base if name.startswith("eager") else base) / med
+        print(f"{name:14} {med:8.3f} {min(medians[name]):6.3f}-{max(medians[name]):6.3f} {host:8.3f} {synced:8.3f}"
+              f" {n:8d} {b.kernel_ms:9.3f} {b.idle_share or 0:6.1%} {ratio:10.3f} {errors[name]:8.5f}",
+              flush=True)  # fmt: skip
+    for name in args.profile.split(","):
+        if name not in fns:
+            continue
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        for _ in range(30):
+            fns[name]()
+        prof.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+        body = "\n".join(line for line in s.getvalue().splitlines() if line.strip())
+        print(f"\n--- cProfile, 30 calls of {name} (by own time)\n{body}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
