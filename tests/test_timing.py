@@ -127,3 +127,20 @@ def test_peak_memory_counts_allocations():
 
     peak = timing.peak_memory(alloc, "cuda")
     assert n <= peak < n + (8 << 20)
+
+
+def test_round_medians_start_each_round_one_callable_further_along():
+    firsts, calls = [], []
+
+    def recorder(name):
+        def fn():
+            if not calls or calls[-1] != name:  # a new block of calls: warm-up and reps run back to back
+                firsts.append(name)
+            calls.append(name)
+
+        return fn
+
+    out = timing.round_medians({n: recorder(n) for n in "abc"}, device="cpu", rounds=4, warmup=1, reps=2)
+    assert firsts == list("abcbcacababc")
+    assert {n: len(m) for n, m in out.items()} == {"a": 4, "b": 4, "c": 4}
+    assert len(calls) == 4 * 3 * (1 + 2)

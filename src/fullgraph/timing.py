@@ -182,11 +182,17 @@ def round_medians(
     reps: int = 20,
 ) -> dict[str, list[float]]:
     """Time every callable once per round, all of them in turn in each round, so a busy spell slows the variants
-    of its round alike: name -> the median ms of each of its rounds (take their median, min and max)."""
+    of its round alike: name -> the median ms of each of its rounds (take their median, min and max).
+
+    Each round starts one callable further along, so no callable holds one place in every round: in fixed order a
+    place can carry a bias of its own (the DiT suite at 1024 tokens on the H200, where the first callable always
+    ran right after the last one, an eager call: a second instance of that same first model measured 0.95-0.97x of
+    it in all four calls of two sessions, benchmarks/results/dit_h200.txt, "plain again")."""
     medians: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            medians[name].append(measure(fn, device=device, warmup=warmup, reps=reps).median_ms)
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            medians[name].append(measure(fns[name], device=device, warmup=warmup, reps=reps).median_ms)
     return medians
 
 
