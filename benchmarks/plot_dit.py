@@ -19,8 +19,7 @@ VARIANTS = (
     "ours auto, compiled",
     "ours native, compiled",
     "ours native + linear_gelu kernel, compiled",
-    "ours auto + qk_norm_rope kernel, compiled",
-    "ours auto + layer_norm_modulate kernel, compiled",
+    "ours auto, fused norms native, compiled",
     "ours kernel, compiled",
 )
 

@@ -35,8 +35,12 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
         # mode, over the plain twin. At 4096 tokens, two calls: auto 1.026x / 1.034x, with qk_norm_rope's kernel
         # 1.037x / 1.044x, with layer_norm_modulate's 1.044x / 1.057x, with both 1.040x / 1.058x (GPU time 7.097 ->
         # 6.726 ms against the plain twin's 7.219). Reduce-overhead at 4096: within the noise of auto (1.042-1.055x
-        # all). At 1024 tokens in default mode the call is host-bound and each kernel launch costs more host time
-        # than Inductor's fused kernel (with qk_norm_rope's kernel 0.849x against auto's 0.970x): hence the floor.
+        # all). At 1024 tokens in default mode (benchmarks/results/dit_host_probe_h200.txt, eighth session, two
+        # processes of one device call): with both kernels 1.023x / 1.055x over the plain twin against auto without
+        # them 0.985x / 1.024x, GPU time 1.625 / 1.694 ms against 1.709 / 1.754 (plain 1.761 / 1.785). (The fifth
+        # session's 0.849x for qk_norm_rope's kernel there came from a call whose host ran slow: plain took 2.175 ms
+        # in it against 1.78-1.88 in the others; the profiler then also slows Triton's own launcher, which launches
+        # these kernels, so its idle share read 24%.)
         "qk_norm_rope": "kernel",
         "layer_norm_modulate": "kernel",
     },
@@ -50,10 +54,10 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
 # in default mode is the DiT's x at 1024 tokens (1024 x 3072 = 3.1M elements: 0.970x against 0.940x plain), so
 # the line sits between: 2**21. The floor is host time, which CUDA graphs pay once at capture: code traced for a
 # model compiled to replay CUDA graphs (reduce-overhead, `fullgraph.replay`) takes the kernel at every size.
-# qk_norm_rope and layer_norm_modulate (input: the block's tokens x, rows x dim): measured losing at 1024 x 3072
-# (3.1M elements) in default mode and winning at 4096 x 3072 (12.6M): the line between, 2**23.
+# qk_norm_rope and layer_norm_modulate (input: the block's tokens x, rows x dim): measured winning from 1024 x 3072
+# (3.1M elements) up; the line just below the smallest win, 2**21, as linear_gelu's.
 COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {
-    "NVIDIA H200": {"linear_gelu": 1 << 21, "qk_norm_rope": 1 << 23, "layer_norm_modulate": 1 << 23}
+    "NVIDIA H200": {"linear_gelu": 1 << 21, "qk_norm_rope": 1 << 21, "layer_norm_modulate": 1 << 21}
 }
 
 
@@ -78,8 +82,15 @@ EAGER_KERNEL_MIN_NUMEL: dict[str, int] = {"cuda": 1 << 26}
 
 # Device type -> {op: its own floor}, replacing the one above for an op whose native form takes several launches
 # where its kernel takes one, so that the kernel's one launch costs less host time than the native form's several
-# at every size measured (the measurement with each entry).
-EAGER_KERNEL_MIN_NUMEL_BY_OP: dict[str, dict[str, int]] = {"cuda": {}}
+# at every size. The two fused ops of a DiT block: native, qk_norm_rope is two RMSNorms and eight elementwise
+# launches and layer_norm_modulate up to five, each kernel one launch. The eager DiT stack (dim 3072, 4 blocks,
+# bf16) at 1024 tokens on the H200 (benchmarks/results/dit_host_probe_h200.txt, eighth session): auto with the
+# device floor alone 1.034x plain eager (2.720 against 2.812 ms, 135 kernels per call against 171), with both fused
+# kernels 1.126x (2.497 ms, 60 kernels), with linear_gelu's epilogue too 1.134x (2.480 ms, 56 kernels): its floor
+# as in compiled code.
+EAGER_KERNEL_MIN_NUMEL_BY_OP: dict[str, dict[str, int]] = {
+    "cuda": {"qk_norm_rope": 0, "layer_norm_modulate": 0, "linear_gelu": 1 << 21}
+}
 
 
 def eager_floor(device_type: str, op: str | None = None) -> int:
