@@ -223,7 +223,7 @@ def test_each_gated_residual_joins_the_next_norm(triton_device, impl):
         out, counts = counted(model, x, c)
     ops_run = {op: n for (op, _, _), n in counts.items()}
     assert ops_run == {"layer_norm_modulate": 2 * cfg.depth + 1, "qk_norm_rope": cfg.depth,
-                       "linear_gelu": cfg.depth, "attention": cfg.depth}  # fmt: skip
+                       "linear_gelu": cfg.depth, "skinny_linear": cfg.depth + 1, "attention": cfg.depth}  # fmt: skip
     with torch.no_grad():
         expected = twin(model, dtype=torch.float64)(x.double(), c.double())
         block, plain_block = model.blocks[0], twin(model, dtype=torch.float64).blocks[0]

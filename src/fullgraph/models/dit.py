@@ -15,9 +15,10 @@ to compare the two forms.
 
 `DiT` uses `fullgraph.ops`: layer_norm_modulate (the gated residual, LayerNorm and modulation as one op; each MLP's
 gated residual is carried into the next block's first norm, the last into the final norm), qk_norm_rope (the q/k
-RMSNorm and RoPE as one op; RMSNorm alone without RoPE), linear_gelu and attention, so each op's policy picks native
-or kernel; `PlainDiT` writes the same computation with `F.layer_norm`, a rotate-half RoPE and SDPA, the way users
-write it today. Both load each other's state dicts: the comparison in the DiT issue.
+RMSNorm and RoPE as one op; RMSNorm alone without RoPE), linear_gelu, skinny_linear (the adaLN projections of the
+conditioning: a few rows, a read of the weight) and attention, so each op's policy picks native or kernel;
+`PlainDiT` writes the same computation with `F.layer_norm`, a rotate-half RoPE and SDPA, the way users write it
+today. Both load each other's state dicts: the comparison in the DiT issue.
 This module imports `ops` only (DESIGN.md, Layers): compile it from outside.
 """
 
@@ -146,7 +147,8 @@ class DiTBlock(nn.Module):
         and the next block (or the stack's final norm) takes it as `pending`, adding it inside its own
         `layer_norm_modulate`: one pass where the ops apart take several."""
         f = self._forms(x, rope is not None, finish)
-        shift1, scale1, gate1, shift2, scale2, gate2 = _modulation(self.ada(F.silu(c)), f, 6)  # each [B, 1, C]
+        ada = f.skinny_linear(F.silu(c), self.ada.weight, self.ada.bias)  # [B, 6C]: a read of the weight
+        shift1, scale1, gate1, shift2, scale2, gate2 = _modulation(ada, f, 6)  # each [B, 1, C]
         if pending is None:
             h = f.layer_norm_modulate(x, shift1, scale1, self.eps)  # h: [B, N, C]
         else:
@@ -176,12 +178,12 @@ class DiTBlock(nn.Module):
 # the q/k norms run inside op qk_norm_rope, whose policy (not the norm modules' own) picks their form; the norms
 # and modulations inside op layer_norm_modulate.
 _CALLS = {
-    (rope, finish): f"layer_norm_modulate:2,{'qk_norm_rope:1' if rope else 'rms_norm:2'},linear_gelu:1"
+    (rope, finish): f"layer_norm_modulate:2,{'qk_norm_rope:1' if rope else 'rms_norm:2'},linear_gelu:1,skinny_linear:1"
     + (",gated_residual:1" if finish else "")
     for rope in (False, True)
     for finish in (False, True)
 }
-_CALLS_FINAL = "layer_norm_modulate:1"
+_CALLS_FINAL = "layer_norm_modulate:1,skinny_linear:1"
 
 
 def _modulation(ada: torch.Tensor, f, n: int) -> tuple[torch.Tensor, ...]:
@@ -219,7 +221,7 @@ def _checked_layer_norm_modulate(x, shift, scale, eps, h=None, gate=None):
 # The same forms through fullgraph.ops' checked entries (rms_norm as the block's own module, with its policy).
 _CHECKED = direct.Direct(
     ops.layer_norm, _norm_module, ops.modulate, ops.gated_residual, _checked_rope, ops.linear_gelu,
-    _checked_qk_norm_rope, _checked_layer_norm_modulate, _checked_attention, {},
+    _checked_qk_norm_rope, _checked_layer_norm_modulate, ops.skinny_linear, _checked_attention, {},
 )  # fmt: skip
 
 
@@ -307,7 +309,7 @@ class DiT(_Stack):
             else:
                 x, pending = block(x, c, rope, pending, finish=False)
         f = self._forms(x, _CALLS_FINAL)
-        shift, scale = _modulation(self.final_ada(F.silu(c)), f, 2)  # [B, 1, C], as the blocks'
+        shift, scale = _modulation(f.skinny_linear(F.silu(c), self.final_ada.weight, self.final_ada.bias), f, 2)
         if pending is None:
             return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps))
         return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps, *pending)[0])

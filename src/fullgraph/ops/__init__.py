@@ -10,7 +10,7 @@ from fullgraph.ops import policies as _policies
 from fullgraph.ops.attention import Attention, attention, attention_choice
 from fullgraph.ops.attention_backends import register_ops
 from fullgraph.ops.custom_op import CustomOp
-from fullgraph.ops.linear import LinearGELU, linear_gelu
+from fullgraph.ops.linear import LinearGELU, linear_gelu, skinny_linear
 from fullgraph.ops.modulation import GatedResidual, Modulate, gated_residual, layer_norm_modulate, modulate
 from fullgraph.ops.norms import LayerNorm, RMSNorm, layer_norm, rms_norm
 from fullgraph.ops.policies import Policy, counters, policy, set_policy
@@ -43,4 +43,5 @@ __all__ = [
     "rms_norm",
     "rope_tables",
     "set_policy",
+    "skinny_linear",
 ]

@@ -24,7 +24,7 @@ from fullgraph.ops import measured
 from fullgraph.ops.attention import _resolve as _resolve_attention
 from fullgraph.ops.attention import compiled_auto, policy_backend
 from fullgraph.ops.custom_op import choose, counters, decided
-from fullgraph.ops.linear import linear_gelu_kernel, linear_gelu_native
+from fullgraph.ops.linear import linear_gelu_kernel, linear_gelu_native, skinny_linear_kernel, skinny_linear_native
 from fullgraph.ops.modulation import (
     gated_residual_kernel,
     gated_residual_native,
@@ -64,6 +64,7 @@ FORMS = {
     "linear_gelu": (linear_gelu_native, linear_gelu_kernel),
     "qk_norm_rope": (_qk_norm_rope_native, _qk_norm_rope_kernel),
     "layer_norm_modulate": (layer_norm_modulate_native, layer_norm_modulate_kernel),
+    "skinny_linear": (skinny_linear_native, skinny_linear_kernel),
 }
 
 
@@ -84,7 +85,8 @@ class Direct(NamedTuple):
     scale), gated_residual(x, h, gate), rope(x, cos, sin, interleaved, seq_dim), linear_gelu(x, weight, bias,
     approximate), qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, seq_dim) -> (q, k),
     layer_norm_modulate(x, shift, scale, eps, h=None, gate=None) -> y, or (y, s) with h and gate,
-    attention(q, k, v) with q, k, v [B, N, H, D] (no mask, not causal; returns [B, N, H, D])."""
+    skinny_linear(x, weight, bias), attention(q, k, v) with q, k, v [B, N, H, D] (no mask, not causal; returns
+    [B, N, H, D])."""
 
     layer_norm: object
     rms_norm: object
@@ -94,6 +96,7 @@ class Direct(NamedTuple):
     linear_gelu: object
     qk_norm_rope: object
     layer_norm_modulate: object
+    skinny_linear: object
     attention: object
     impls: dict  # op -> "native" | "kernel"
 
@@ -215,6 +218,7 @@ def _traced(device, numel, calls, policies) -> Direct:
         linear_gelu_kernel if kernel[5] else linear_gelu_native,
         _qk_norm_rope_kernel if kernel[6] else _qk_norm_rope_native,
         layer_norm_modulate_kernel if kernel[7] else layer_norm_modulate_native,
+        skinny_linear_kernel if kernel[8] else skinny_linear_native,
         _attention_traced,
         {},
     )

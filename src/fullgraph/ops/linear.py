@@ -20,26 +20,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from fullgraph.errors import UsageError
+from fullgraph.kernels._library import call_kernel
+from fullgraph.kernels.skinny_linear import MAX_ROWS, skinny_linear_fwd
+from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_float, check_same_device
 from fullgraph.ops.custom_op import CustomOp, run
+from fullgraph.ops.policies import KNOWN_OPS
 
 APPROXIMATIONS = ("none", "tanh")
 _EPILOGUE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def check_linear_gelu_inputs(x, weight, bias, approximate: str) -> None:
-    check_float("x", x)
-    check_float("weight", weight)
     if approximate not in APPROXIMATIONS:
         raise UsageError(f"approximate={approximate!r}: use 'none' (exact GELU) or 'tanh'")
-    if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
-        raise UsageError(
-            f"weight must be [out, in] with in = x's last dimension, got weight {tuple(weight.shape)} "
-            f"and x {tuple(x.shape)}"
-        )
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise UsageError(f"bias must be [out] = [{weight.shape[0]}], got {tuple(bias.shape)}")
-    check_same_device(x, weight=weight, bias=bias)
+    check_linear_inputs(x, weight, bias)
 
 
 def linear_gelu_native(x, weight, bias=None, approximate: str = "tanh"):
@@ -70,6 +65,53 @@ def linear_gelu(x, weight, bias=None, approximate: str = "tanh"):
     takes the kernel form and cuBLASLt's epilogue applies (module docstring)."""
     check_linear_gelu_inputs(x, weight, bias, approximate)
     return run("linear_gelu", linear_gelu_native, linear_gelu_kernel, x, weight, bias, approximate)
+
+
+def check_linear_inputs(x, weight, bias) -> None:
+    check_float("x", x)
+    check_float("weight", weight)
+    if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise UsageError(
+            f"weight must be [out, in] with in = x's last dimension, got weight {tuple(weight.shape)} "
+            f"and x {tuple(x.shape)}"
+        )
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise UsageError(f"bias must be [out] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+    check_same_device(x, weight=weight, bias=bias)
+
+
+def skinny_linear_native(x, weight, bias=None):
+    return F.linear(x, weight, bias)
+
+
+def skinny_applies(x, weight, bias) -> bool:
+    """Can the skinny kernel compute this call: at most MAX_ROWS rows of x, one dtype, inference?"""
+    return (
+        x.numel() <= MAX_ROWS * x.shape[-1]
+        and x.dtype == weight.dtype
+        and (bias is None or bias.dtype == x.dtype)
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    )
+
+
+def skinny_linear_kernel(x, weight, bias=None):
+    if not skinny_applies(x, weight, bias):
+        return skinny_linear_native(x, weight, bias)
+    return call_kernel(skinny_linear_fwd, x, weight, bias)
+
+
+backward_from_native(skinny_linear_fwd, skinny_linear_native)
+
+
+def skinny_linear(x, weight, bias=None):
+    """`F.linear(x, weight, bias)` for an input of a few rows (at most `kernels.skinny_linear.MAX_ROWS`), where the
+    layer is a read of the weight: a DiT's adaLN projection of the conditioning. Policy of op `skinny_linear`; the
+    kernel form runs `F.linear` for inputs it does not take (more rows, mixed dtypes, autograd recording)."""
+    check_linear_inputs(x, weight, bias)
+    return run("skinny_linear", skinny_linear_native, skinny_linear_kernel, x, weight, bias)
+
+
+KNOWN_OPS.add("skinny_linear")  # a functional op without a module: named here so policies may name it
 
 
 class LinearGELU(CustomOp):

@@ -43,6 +43,9 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
         # these kernels, so its idle share read 24%.)
         "qk_norm_rope": "kernel",
         "layer_norm_modulate": "kernel",
+        # skinny_linear (the DiT's adaLN projections, [1, 3072] x [3072, 18432]) has no entry yet: with its kernel
+        # the stack ran 1.091x the plain twin against auto's 1.069x at 1024 tokens but 1.038x against 1.043x at
+        # 4096 (default mode, one call, benchmarks/results/dit_h200.txt, eighth session; noise floor 1.001-1.007)
     },
 }
 
