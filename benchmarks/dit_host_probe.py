@@ -65,12 +65,16 @@ def host_times(fn, calls: int) -> tuple[float, float]:
     return statistics.median(host), statistics.median(synced)
 
 
-def dump_code(directory: pathlib.Path, name: str, before: set) -> None:
+def code_modules() -> list:
+    """The Python modules Inductor has loaded in this process (its output code and kernels)."""
     from torch._inductor.codecache import PyCodeCache
 
-    mods = getattr(PyCodeCache, "modules", None) or list(getattr(PyCodeCache, "modules_no_attr", {}).values())
+    return list(getattr(PyCodeCache, "modules", None) or [])
+
+
+def dump_code(directory: pathlib.Path, name: str, before: set) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    for i, m in enumerate(m for m in mods if getattr(m, "__file__", None) not in before):
+    for i, m in enumerate(m for m in code_modules() if getattr(m, "__file__", None) not in before):
         path = pathlib.Path(m.__file__)
         text = path.read_text()
         if "def call(" in text:
@@ -80,10 +84,8 @@ def dump_code(directory: pathlib.Path, name: str, before: set) -> None:
 def launcher_kinds(before: set) -> dict[str, int]:
     """How the kernels of the Inductor modules loaded since `before` launch: the runner type behind each launcher
     (StaticallyLaunchedCudaKernel: Inductor's static launcher; anything else: Triton's own), user kernels apart."""
-    from torch._inductor.codecache import PyCodeCache
-
     kinds: dict[str, int] = {}
-    for m in getattr(PyCodeCache, "modules", None) or []:
+    for m in code_modules():
         if getattr(m, "__file__", None) in before:
             continue
         for obj in vars(m).values():
@@ -121,9 +123,7 @@ def main() -> int:
             with torch.no_grad(), ops.policy(all="auto", **pol):
                 return model(x, c)
 
-        from torch._inductor.codecache import PyCodeCache
-
-        before = {getattr(m, "__file__", None) for m in (getattr(PyCodeCache, "modules", None) or [])}
+        before = {getattr(m, "__file__", None) for m in code_modules()}
         t0 = time.perf_counter()
         out = call()
         call()

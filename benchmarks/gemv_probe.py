@@ -1,9 +1,11 @@
 """The DiT's adaLN projection at batch 1 is a GEMV that reads the whole weight once ([1, 3072] x [3072, 18432] bf16:
 113 MB per block), so its floor is HBM bandwidth. cuBLAS (`F.linear`) ran it at ~3.3 TB/s on the H200 inside the
-compiled DiT (34.5 us a block, benchmarks/results/dit_kernels_1024_default_h200.txt). This probe times a plain Triton
-GEMV (one program per BLOCK_N output rows, the K loop in BLOCK_K chunks, float32 accumulation, optional SiLU of x on
-load) over a sweep of tile shapes against `F.linear` on the same weights, and checks its output against float64.
-Weights rotate over enough copies to exceed the L2 cache. A probe, not yet an op: it says whether the op would pay.
+compiled DiT (34.5 us a block, benchmarks/results/dit_kernels_1024_default_h200.txt). This probe times the
+`skinny_linear` kernel (one program per BLOCK_N output rows, the K loop in BLOCK_K chunks, float32 accumulation) on
+one row over a sweep of tile shapes against `F.linear` on the same weights, and checks its output against float64.
+Weights rotate over enough copies to exceed the L2 cache. (Its H200 run, benchmarks/results/gemv_probe_h200.txt,
+timed a standalone copy of the same one-row kernel, written before the op; `kernels/skinny_linear.py` took its
+best tile.)
 
 Usage (GPU): PYTHONPATH=src python3 benchmarks/gemv_probe.py [--shapes 3072x18432,3072x6144] [--reps 50]
 """
@@ -17,36 +19,20 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import fullgraph.kernels.skinny_linear as skinny
 from fullgraph.bench.ceilings import ceilings_for
+from fullgraph.kernels._library import call_kernel
 from fullgraph.timing import measure
 
 
-def build():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def gemv(x_ptr, w_ptr, b_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU: tl.constexpr):
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-            if SILU:
-                x = x * tl.sigmoid(x)
-            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
-            acc += w.to(tl.float32) * x[None, :]
-        y = tl.sum(acc, axis=1) + tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
-
-    def run(x, w, b, block_n, block_k, warps, stages, silu=False):
-        n, k = w.shape
-        y = torch.empty(n, device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(n, block_n),)
-        gemv[grid](x, w, b, y, n, k, BLOCK_N=block_n, BLOCK_K=block_k, SILU=silu, num_warps=warps, num_stages=stages)
-        return y
-
-    return run
+def run(x, w, b, block_n, block_k, warps, stages):
+    """The library's kernel (`kernels/skinny_linear.py`) on one row of x with this tile for one row."""
+    saved = skinny.CONFIGS[1]
+    skinny.CONFIGS[1] = (block_n, block_k, warps, stages)
+    try:
+        return call_kernel(skinny.skinny_linear_fwd, x[None], w, b)[0]  # the eager path: no wrap_triton
+    finally:
+        skinny.CONFIGS[1] = saved
 
 
 def main() -> int:
@@ -54,7 +40,6 @@ def main() -> int:
     ap.add_argument("--shapes", default="3072x18432,3072x6144", help="KxN: in_features x out_features")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
-    run = build()
     dev = torch.device("cuda")
     ceiling = ceilings_for(dev).get("copy_tbps")
     print(f"measured copy ceiling: {ceiling} TB/s")

@@ -190,7 +190,7 @@ def round_medians(
     it in all four calls of two sessions, benchmarks/results/dit_h200.txt, "plain again")."""
     medians: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
-    for r in range(rounds):
+    for r in range(rounds if names else 0):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             medians[name].append(measure(fns[name], device=device, warmup=warmup, reps=reps).median_ms)
     return medians

@@ -156,7 +156,7 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
         medians = {}
         for group in (False, True):
             part = {name: fn for name, fn in calls.items() if name.endswith(", eager") == group}
-            medians |= round_medians(part, device=device, rounds=ROUNDS, reps=args.reps) if part else {}
+            medians |= round_medians(part, device=device, rounds=ROUNDS, reps=args.reps)
         base = statistics.median(medians["plain, compiled"])
         for name, m in medians.items():
             med = statistics.median(m)
