@@ -5,13 +5,17 @@ SM clock and power over the phase's samples; per variant: the median over its ph
 energy of one call (power x time).
 
 Variants:
-  plain      the plain twin (PlainDiT)
-  auto       ours, every op's policy auto
-  skeleton   the plain twin's GEMMs (adaLN projections included) and attention alone, every other pass removed: no
-             norms, modulation, RoPE, GELU or residuals. The floor of any stack that keeps cuBLAS and cuDNN for those
-             and removes the rest: plain / skeleton bounds what fusing or removing the memory-bound work can give.
-             Its weights are the twin's, each linear scaled once so its output has unit std (as the norms keep a
-             real stack's activations; a GEMM's power depends on the data it multiplies).
+  plain          the plain twin (PlainDiT)
+  auto           ours, every op's policy auto
+  native         ours, every op's policy native
+  auto-gelu-off  ours auto but linear_gelu native (fc1 a plain GEMM, the GELU a pass of its own)
+  skeleton       the plain twin's GEMMs (adaLN projections included) and attention alone, every other pass removed:
+                 no norms, modulation, RoPE, GELU or residuals. The floor of any stack that keeps cuBLAS and cuDNN for
+                 those and removes the rest: plain / skeleton bounds what fusing or removing the memory-bound work
+                 can give. Its weights are the twin's, each linear scaled once so its output has unit std (as the
+                 norms keep a real stack's activations; a GEMM's power depends on the data it multiplies).
+  skeleton-gelu  the skeleton with fc1 through cuBLASLt's GELU epilogue (what linear_gelu's kernel form runs): what
+                 the epilogue itself costs at the cap
 
 Under the power cap (~690 W on the H200) time per call is energy per call over the cap, so the ratio of energies
 says what removing work gives on the wall clock, not the ratio of kernel times.
@@ -42,9 +46,9 @@ from fullgraph import ops
 class Skeleton(nn.Module):
     """The plain twin's linears and attention with nothing between them (see the module docstring)."""
 
-    def __init__(self, plain: nn.Module, x: torch.Tensor, c: torch.Tensor):
+    def __init__(self, plain: nn.Module, x: torch.Tensor, c: torch.Tensor, gelu: bool = False):
         super().__init__()
-        self.stack = copy.deepcopy(plain)
+        self.stack, self.gelu = copy.deepcopy(plain), gelu
         self.heads, self.head_dim = plain.cfg.heads, plain.cfg.head_dim
         scaled = [m for b in self.stack.blocks for m in (b.proj, b.fc1, b.fc2)]
         hooks = [m.register_forward_hook(_unit_std) for m in scaled]
@@ -62,9 +66,15 @@ class Skeleton(nn.Module):
             qkv = F.linear(x, b.qkv.weight, b.qkv.bias + ada[0, : b.qkv.out_features])
             q, k, v = qkv.unflatten(-1, (3, self.heads, self.head_dim)).unbind(2)
             a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-            x = b.fc2(b.fc1(b.proj(a.transpose(1, 2).flatten(2))))
+            p = b.proj(a.transpose(1, 2).flatten(2))
+            x = b.fc2(self._fc1_gelu(b.fc1, p) if self.gelu else b.fc1(p))
         final = self.stack.final
         return F.linear(x, final.weight, final.bias + self.stack.final_ada(s)[0, : final.out_features])
+
+    @staticmethod
+    def _fc1_gelu(fc1: nn.Linear, p: torch.Tensor) -> torch.Tensor:
+        y = torch._addmm_activation(fc1.bias, p.flatten(0, 1), fc1.weight.t(), use_gelu=True)
+        return y.view(*p.shape[:-1], fc1.out_features)
 
 
 def _unit_std(module: nn.Module, inputs, out: torch.Tensor) -> torch.Tensor:
@@ -85,13 +95,21 @@ def main() -> int:
     if args.small:
         return check_small()
     ours, plain, x, c = twins(args.tokens, "cuda")
-    makers = {"plain": lambda: plain, "auto": lambda: ours, "skeleton": lambda: Skeleton(plain, x, c)}
+    makers = {  # name -> (module, op policies its calls run under)
+        "plain": lambda: (plain, {}),
+        "auto": lambda: (ours, {"all": "auto"}),
+        "native": lambda: (ours, {"all": "native"}),
+        "auto-gelu-off": lambda: (ours, {"all": "auto", "linear_gelu": "native"}),
+        "skeleton": lambda: (Skeleton(plain, x, c), {}),
+        "skeleton-gelu": lambda: (Skeleton(plain, x, c, gelu=True), {}),
+    }
     names = args.variants.split(",")
     if unknown := [n for n in names if n not in makers]:
         print(f"error: unknown variant(s) {unknown}; pick from {list(makers)}", file=sys.stderr)
         return 2
-    fns = {n: torch.compile(makers[n](), fullgraph=True) for n in names}
-    with torch.no_grad(), ops.policy(all="auto"):
+    made = {n: makers[n]() for n in names}
+    fns = {n: _under(torch.compile(m, fullgraph=True), policies) for n, (m, policies) in made.items()}
+    with torch.no_grad():
         for fn in fns.values():
             for _ in range(3):
                 fn(x, c)
@@ -138,19 +156,38 @@ def main() -> int:
     return 0
 
 
+def _under(fn, policies: dict[str, str]):
+    """`fn` called inside its op policies (each variant compiles its own graph: Dynamo guards on the policy)."""
+
+    def call(*args):
+        with ops.policy(**policies):
+            return fn(*args)
+
+    return call
+
+
 def check_small() -> int:
-    """The skeleton on a 2-block dim-128 stack (CPU, fp32): each scaled linear's output has unit std."""
+    """The skeleton on a 2-block dim-128 stack (CPU, fp32), with and without the GELU epilogue: each scaled linear's
+    output has unit std, and the epilogue form matches fc1 + GELU (the CPU's `_addmm_activation` computes erf's)."""
     _, plain, x, c = twins(64, "cpu", dim=128, heads=2, depth=2)
-    plain = plain.float()
-    x, c = x.float(), c.float()
-    sk = Skeleton(plain, x, c)
-    seen = []
-    hook = sk.stack.blocks[-1].fc2.register_forward_hook(lambda m, i, o: seen.append(o.std().item()))
-    with torch.no_grad():
-        finite = torch.isfinite(sk(x, c)).all().item()
-    hook.remove()
-    ok = finite and abs(seen[0] - 1) < 1e-3
-    print(f"skeleton: last fc2 output std {seen[0]:.4f}, output finite {finite}: {'ok' if ok else 'BAD'}")
+    plain, x, c = plain.float(), x.float(), c.float()
+    ok = True
+    for gelu in (False, True):
+        sk = Skeleton(plain, x, c, gelu=gelu)
+        seen = []
+        hook = sk.stack.blocks[-1].fc2.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o.std().item()))
+        with torch.no_grad():
+            finite = torch.isfinite(sk(x, c)).all().item()
+            p = torch.randn(1, 64, 128)
+            fc1 = sk.stack.blocks[0].fc1
+            err = (Skeleton._fc1_gelu(fc1, p) - F.gelu(fc1(p))).abs().max().item() if gelu else 0.0
+        hook.remove()
+        good = finite and abs(seen[0] - 1) < 1e-3 and err < 1e-5
+        ok &= good
+        print(
+            f"skeleton gelu={gelu}: last fc2 output std {seen[0]:.4f}, finite {finite}, epilogue err {err:.1e}: "
+            f"{'ok' if good else 'BAD'}"
+        )
     return 0 if ok else 1
 
 
