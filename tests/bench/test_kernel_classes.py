@@ -43,6 +43,11 @@ KERNELS = {
     "aten::view": "other",
     "aten::index_select": "other",
     "graph_0_cpp_fused_gelu_mul_0": "elementwise",
+    # ours, by the Triton functions' names (a profile shows them as they are)
+    "fullgraph_row_norm": "elementwise",
+    "fullgraph_rope": "elementwise",
+    "fullgraph_modulation": "elementwise",
+    "fullgraph_skinny_gemv": "gemm",
 }
 
 
@@ -52,11 +57,22 @@ def test_classify_realistic_kernel_names(name):
 
 
 def test_unnamed_kernels_take_the_class_of_the_op_that_launched_them():
-    # our Triton kernels are all called "kernel"; the registered op says what they do
+    # a Triton kernel whose function is called "kernel" (ours were, before they got names); the op says what it does
     assert classify("kernel", ["fullgraph::rms_norm", "aten::add"]) == "elementwise"
     assert classify("kernel", ["fullgraph::flash_attention"]) == "attention"
     assert classify("kernel", ["aten::mm"]) == "gemm"
     assert classify("kernel") == "other"
+
+
+def test_our_triton_kernels_carry_the_names_their_class_is_read_from():
+    # a profile of a compiled graph has no op record around a user Triton kernel: its name is all the breakdown has
+    pytest.importorskip("triton")
+    from fullgraph.kernels import modulate, rms_norm, rope, skinny_linear
+
+    kernels = [rms_norm._row_norm_fwd_kernel(), rope._rope_fwd_kernel(), modulate._modulation_fwd_kernel()]
+    assert [classify(k.__name__) for k in kernels] == ["elementwise"] * 3
+    assert classify(skinny_linear._kernel().__name__) == "gemm"
+    assert all(k.__name__.startswith("fullgraph_") for k in [*kernels, skinny_linear._kernel()])
 
 
 def test_pointwise_and_layout_kernels():
@@ -67,7 +83,7 @@ def test_pointwise_and_layout_kernels():
     assert is_pointwise(gelu, "elementwise")  # "std::array" is no reduction
     assert is_pointwise("graph_0_cpp_fused_gelu_mul_0", "elementwise") and is_pointwise("aten::gelu", "elementwise")
     assert not is_pointwise("graph_0_cpp_fused_native_layer_norm_0", "elementwise")
-    assert not is_pointwise("kernel", "elementwise")  # one of ours: RMSNorm is a reduction
+    assert not is_pointwise("fullgraph_row_norm", "elementwise")  # ours: RMSNorm is a reduction
     assert is_layout_conversion("void cudnn::engines_precompiled::nchwToNhwcKernel<float>", "copy")
     assert is_layout_conversion("triton_poi_fused_clone_3", "copy")
     assert not is_layout_conversion("triton_poi_fused__to_copy_0", "copy")  # a cast, not a layout change

@@ -38,7 +38,9 @@ def _modulation_fwd_kernel():
     triton, tl = require_triton()
 
     @triton.jit
-    def kernel(X, A, P, Y, numel, n_cols, group_numel, GATED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    def fullgraph_modulation(
+        X, A, P, Y, numel, n_cols, group_numel, GATED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr
+    ):
         """GATED: y = x + p * a with a x-shaped (gated_residual); else y = x * (1 + p) + a, a per group (modulate)."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         if WIDE:  # past 2**31 elements, offsets need 64 bits
@@ -51,7 +53,7 @@ def _modulation_fwd_kernel():
         y = x + param * a if GATED else x * (1.0 + param) + a
         tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
-    return kernel
+    return fullgraph_modulation
 
 
 def _launch(x: torch.Tensor, a: torch.Tensor, param: torch.Tensor, gated: bool) -> torch.Tensor:

@@ -28,7 +28,7 @@ def _row_norm_fwd_kernel():
     triton, tl = require_triton()
 
     @triton.jit
-    def kernel(
+    def fullgraph_row_norm(
         X, R, W, B, Y, S, G, SHIFT, SCALE,
         n_rows, n_cols, stride_x, stride_r, stride_y, stride_s, rows_per_group, eps,
         CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -65,7 +65,7 @@ def _row_norm_fwd_kernel():
             y = y * (1.0 + scale) + tl.load(SHIFT + param, mask=mask, other=0.0).to(tl.float32)
         tl.store(Y + rows * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
-    return kernel
+    return fullgraph_row_norm
 
 
 def launch_row_norm(

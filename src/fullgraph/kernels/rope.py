@@ -34,7 +34,7 @@ def _rope_fwd_kernel():
     triton, tl = require_triton()
 
     @triton.jit
-    def kernel(
+    def fullgraph_rope(
         Q, K, QW, KW, QY, KY, COS, SIN,
         q_rows, q_size1, q_size2, q_stride0, q_stride1, q_stride2,
         k_rows, k_size1, k_size2, k_stride0, k_stride1, k_stride2,
@@ -114,7 +114,7 @@ def _rope_fwd_kernel():
         if BLOCK_P > 0:
             tl.store(y_row + pcols, xp.to(Y.dtype.element_ty), mask=pmask)
 
-    return kernel
+    return fullgraph_rope
 
 
 def _launch(q, k, q_weight, k_weight, cos, sin, q_eps, k_eps, interleaved, seq_dim, norm: bool):
