@@ -43,9 +43,13 @@ COMPILED_CHOICE: dict[str, dict[str, str]] = {
         # these kernels, so its idle share read 24%.)
         "qk_norm_rope": "kernel",
         "layer_norm_modulate": "kernel",
-        # skinny_linear (the DiT's adaLN projections, [1, 3072] x [3072, 18432]) has no entry yet: with its kernel
-        # the stack ran 1.091x the plain twin against auto's 1.069x at 1024 tokens but 1.038x against 1.043x at
-        # 4096 (default mode, one call, benchmarks/results/dit_h200.txt, eighth session; noise floor 1.001-1.007)
+        # skinny_linear (the DiT's adaLN projections, [1, 3072] x [3072, 18432]) has no entry: with its kernel the
+        # stack did not beat auto at every point (benchmarks/results/dit_h200.txt, `--policies
+        # 'all=auto,+skinny_linear'`, over the plain twin). Default mode: 1.091x against auto's 1.069x at 1024
+        # tokens, 1.038x against 1.043x at 4096 (eighth session, first tile 16 x 512); 1.026x against 1.028x at
+        # 16384 (ninth, tile 8 x 128). Reduce-overhead (ninth, 8 x 128): 1.003x against 1.042x at 1024, 1.028x
+        # against 1.040x at 4096. Standalone it reads the weight at 3.12 TB/s against cuBLAS's 1.95
+        # (benchmarks/results/gemv_probe_h200.txt); in the graph the GEMV is ~2% of a call at 4096 tokens.
     },
 }
 
