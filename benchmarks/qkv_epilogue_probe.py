@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from fullgraph import env
 from fullgraph.kernels._library import require_triton
 from fullgraph.kernels.rope import qk_norm_rope_fwd
+from fullgraph.models.dit import rotate_half_rope
+from fullgraph.ops import rope_tables
 
 # (BLOCK_M, BLOCK_K, num_warps, num_stages, GROUP_M): the probe's tiles; BLOCK_N is the head dim
 TILES = [(128, 64, 8, 3, 8), (128, 64, 8, 4, 8), (128, 64, 4, 4, 8), (256, 64, 8, 3, 8), (64, 64, 4, 4, 8),
@@ -114,19 +116,23 @@ def unfused(x, w, bias, qw, kw, cos, sin, eps, heads, n_tok):
 
 
 def reference(x, w, bias, qw, kw, cos, sin, eps, heads, n_tok):
-    """float64: [3, M, heads * D]."""
-    x, w, qw, kw, cos, sin = (t.double() for t in (x, w, qw, kw, cos, sin))
+    """float64: [3, M, heads * D], the plain twin's norms and rotate-half RoPE over each sequence of n_tok rows."""
+    x, w = x.double(), w.double()
     qkv = x @ w.T + (bias.double() if bias is not None else 0)
     m, d = x.shape[0], w.shape[0] // (3 * heads)
-    out = qkv.view(m, 3, heads, d).permute(1, 0, 2, 3).clone()
-    pos = torch.arange(m, device=x.device) % n_tok
-    c, s = cos[pos][:, None], sin[pos][:, None]  # [M, 1, D / 2]
-    for i, weight in ((0, qw), (1, kw)):
-        t = out[i]
-        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * weight
-        lo, hi = t.chunk(2, dim=-1)
-        out[i] = torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1)
-    return out.reshape(3, m, heads * d)
+    q, k, v = qkv.view(m // n_tok, n_tok, 3, heads, d).unbind(2)  # each [B, N, H, D]: M is whole sequences
+    q, k = (
+        rotate_half_rope(F.rms_norm(t, (d,), g.double(), eps), cos.double(), sin.double())
+        for t, g in ((q, qw), (k, kw))
+    )
+    return torch.stack([t.reshape(m, heads * d) for t in (q, k, v)])
+
+
+def rel_err(got, want: torch.Tensor) -> float:
+    """Relative (Frobenius) error of `got` ([3, M, heads * D], or the (q, k, v) of `unfused`) against `want`."""
+    if isinstance(got, tuple):
+        got = torch.stack([t.reshape(want.shape[1], -1) for t in got])
+    return ((got.double() - want).norm() / want.norm()).item()
 
 
 def inputs(m, k, heads, d, n_tok, device, dtype, seed=0):
@@ -137,8 +143,7 @@ def inputs(m, k, heads, d, n_tok, device, dtype, seed=0):
 
     x, w, bias = rnd(m, k), rnd(3 * heads * d, k, scale=k**-0.5), rnd(3 * heads * d, scale=0.1)
     qw, kw = rnd(d, scale=0.5) + 1, rnd(d, scale=0.5) + 1
-    angle = torch.arange(n_tok)[:, None] * (10000.0 ** (-torch.arange(d // 2) / (d // 2)))[None, :]
-    return x, w, bias, qw, kw, angle.cos().float().to(device), angle.sin().float().to(device)
+    return x, w, bias, qw, kw, *rope_tables(n_tok, d, device=device)
 
 
 def check() -> int:
@@ -148,11 +153,9 @@ def check() -> int:
         for m, k, n_tok in ((40, 48, 20), (33, 80, 33)):
             args = inputs(m, k, 2, 32, n_tok, "cpu", dtype)
             want = reference(*args, 1e-6, 2, n_tok)
-            got = fused(*args, 1e-6, 2, n_tok, tile=(16, 32, 4, 1, 2)).double()
-            err = ((got - want).norm() / want.norm()).item()
+            err = rel_err(fused(*args, 1e-6, 2, n_tok, tile=(16, 32, 4, 1, 2)), want)
             worst = max(worst, err / tol)
-            now = torch.stack([t.reshape(m, -1) for t in unfused(*args, 1e-6, 2, n_tok)]).double()  # the DiT now
-            worst = max(worst, ((now - want).norm() / want.norm()).item() / tol)
+            worst = max(worst, rel_err(unfused(*args, 1e-6, 2, n_tok), want) / tol)  # what the DiT runs now
             print(f"{dtype!s:15} M={m} K={k} tokens/seq={n_tok}: rel err {err:.2e} (tol {tol:.0e})")
     print("ok" if worst <= 1 else "FAILED")
     return 0 if worst <= 1 else 1
@@ -171,8 +174,7 @@ def main() -> int:
     sets = [inputs(n, dim, heads, dim // heads, n, "cuda", torch.bfloat16, seed=i) for i in range(3)]  # > L2
     eps, flop = 1e-6, 2 * n * dim * 3 * dim
     want = reference(*sets[0], eps, heads, n)
-    q, k, v = unfused(*sets[0], eps, heads, n)
-    base_err = ((torch.stack([t.reshape(n, -1) for t in (q, k, v)]).double() - want).norm() / want.norm()).item()
+    base_err = rel_err(unfused(*sets[0], eps, heads, n), want)
     print(f"[{n}, {dim}] x [{dim}, {3 * dim}] bf16, {heads} heads of {dim // heads}; 3 input sets rotating")
     rows = {
         "cuBLAS addmm alone": lambda *a: F.linear(a[0], a[1], a[2]),
@@ -189,8 +191,7 @@ def main() -> int:
             continue
         err = ""
         if name.startswith("fused"):
-            got = fn(*sets[0]).double()
-            err = f"rel err {((got - want).norm() / want.norm()).item():.2e} (unfused {base_err:.2e})"
+            err = f"rel err {rel_err(fn(*sets[0]), want):.2e} (unfused {base_err:.2e})"
         now = times.get("addmm + qk_norm_rope (now)", float("nan"))
         print(f"{name:34} {times[name] * 1e3:7.1f} us {tflops(flop, times[name]):6.0f} TFLOP/s "
               f"now/this {now / times[name]:.3f}  {err}", flush=True)  # fmt: skip
