@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from dit_kernels import twins  # benchmarks/, this script's folder
 from torch import nn
 
-from fullgraph import ops
+from fullgraph.bench.suites import policy_context
 
 
 class Skeleton(nn.Module):
@@ -87,7 +87,7 @@ def _unit_std(module: nn.Module, inputs, out: torch.Tensor) -> torch.Tensor:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--variants", default="plain,auto,skeleton", help="comma-separated: plain, auto, skeleton")
+    ap.add_argument("--variants", default="plain,auto,skeleton", help="comma-separated, of those in the docstring")
     ap.add_argument("--phases", type=int, default=9)
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--small", action="store_true", help="CPU: check the skeleton's scaling on a small stack, exit")
@@ -95,20 +95,20 @@ def main() -> int:
     if args.small:
         return check_small()
     ours, plain, x, c = twins(args.tokens, "cuda")
-    makers = {  # name -> (module, op policies its calls run under)
-        "plain": lambda: (plain, {}),
-        "auto": lambda: (ours, {"all": "auto"}),
-        "native": lambda: (ours, {"all": "native"}),
-        "auto-gelu-off": lambda: (ours, {"all": "auto", "linear_gelu": "native"}),
-        "skeleton": lambda: (Skeleton(plain, x, c), {}),
-        "skeleton-gelu": lambda: (Skeleton(plain, x, c, gelu=True), {}),
+    makers = {  # name -> (module, op policies its calls run under, as `bench dit --policies` spells them)
+        "plain": lambda: (plain, None),
+        "auto": lambda: (ours, "all=auto"),
+        "native": lambda: (ours, "none"),
+        "auto-gelu-off": lambda: (ours, "all=auto,-linear_gelu"),
+        "skeleton": lambda: (Skeleton(plain, x, c), None),
+        "skeleton-gelu": lambda: (Skeleton(plain, x, c, gelu=True), None),
     }
     names = args.variants.split(",")
     if unknown := [n for n in names if n not in makers]:
         print(f"error: unknown variant(s) {unknown}; pick from {list(makers)}", file=sys.stderr)
         return 2
     made = {n: makers[n]() for n in names}
-    fns = {n: _under(torch.compile(m, fullgraph=True), policies) for n, (m, policies) in made.items()}
+    fns = {n: _under(torch.compile(m, fullgraph=True), spec) for n, (m, spec) in made.items()}
     with torch.no_grad():
         for fn in fns.values():
             for _ in range(3):
@@ -156,11 +156,12 @@ def main() -> int:
     return 0
 
 
-def _under(fn, policies: dict[str, str]):
-    """`fn` called inside its op policies (each variant compiles its own graph: Dynamo guards on the policy)."""
+def _under(fn, spec: str | None):
+    """`fn` called inside its op policies, as `bench dit` calls its variants (each compiles its own graph: Dynamo
+    guards on the policy)."""
 
     def call(*args):
-        with ops.policy(**policies):
+        with policy_context(spec):
             return fn(*args)
 
     return call
