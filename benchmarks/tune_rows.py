@@ -38,23 +38,33 @@ def sweep(kernel, r: int, c: int) -> None:
         (torch.randn(r, c, device="cuda", dtype=torch.bfloat16), torch.randn(c, device="cuda")) for _ in range(n_sets)
     ]
     y = torch.empty(r, c, device="cuda", dtype=torch.bfloat16)
+    rows_options = [rows for rows in (1, 2, 4, 8, 16, 32, 64) if 512 <= rows * block <= 32768]
+
+    def call_for(rows, warps):
+        return functools.partial(launch, kernel, y, rows, warps)
+
+    sweep_configs(f"{r}x{c}", call_for, sets, nbytes, block, rows_options, (1, 2, 4, 8, 16, 32))
+
+
+def sweep_configs(label, call_for, sets, nbytes, block, rows_options, warps_options, copy=None) -> None:
+    """Time `call_for(rows, warps)` (a callable taking one input set) at every point that gives each thread a
+    column, one CSV row each (label, rows, warps, us, TB/s[, share of the copy ceiling]), then the best point."""
     results = []
-    for rows in (1, 2, 4, 8, 16, 32, 64):
-        if not 512 <= rows * block <= 32768:
-            continue
-        for warps in (1, 2, 4, 8, 16, 32):
+    for rows in rows_options:
+        for warps in warps_options:
             if warps * 32 > rows * block:
                 continue
-            call = functools.partial(launch, kernel, y, rows, warps)
             try:
-                t = measure(call, rotate=sets, inner=n_sets, reps=20, graph=True)
+                t = measure(call_for(rows, warps), rotate=sets, inner=len(sets), reps=20, graph=True)
             except Exception as e:  # a config that does not compile (registers) is skipped
-                print(f"# {r}x{c} rows={rows} warps={warps}: {type(e).__name__}", file=sys.stderr)
+                print(f"# {label} rows={rows} warps={warps}: {type(e).__name__}", file=sys.stderr)
                 continue
+            bw = tbps(nbytes, t.median_ms)
             results.append((t.median_ms, rows, warps))
-            print(f"{r}x{c},{rows},{warps},{t.median_ms * 1e3:.1f},{tbps(nbytes, t.median_ms):.3f}")
+            share = "" if copy is None else f",{bw / copy:.3f}"
+            print(f"{label},{rows},{warps},{t.median_ms * 1e3:.1f},{bw:.3f}{share}", flush=True)
     best = min(results)
-    print(f"# best {r}x{c}: rows={best[1]} warps={best[2]} {tbps(nbytes, best[0]):.3f} TB/s", flush=True)
+    print(f"# best {label}: rows={best[1]} warps={best[2]} {tbps(nbytes, best[0]):.3f} TB/s", flush=True)
 
 
 def main() -> int:
@@ -102,22 +112,12 @@ def sweep_dit(tokens: int, dim: int = 3072, heads: int = 24) -> int:
     try:
         for name, module, fn, sets, nbytes, width, rows_options in cases:
             block = 1 << (width - 1).bit_length()
-            results = []
-            for rows in rows_options:
-                for warps in (1, 2, 4, 8, 16):
-                    if warps * 32 > rows * block:
-                        continue
-                    module.row_launch_config = lambda n_cols, n_rows, r=rows, wp=warps, b=block: (b, r, wp)
-                    try:
-                        t = measure(fn, rotate=sets, inner=n_sets, reps=20, graph=True)
-                    except Exception as e:  # a config that does not compile (registers) is skipped
-                        print(f"# {name} rows={rows} warps={warps}: {type(e).__name__}", file=sys.stderr)
-                        continue
-                    bw = tbps(nbytes, t.median_ms)
-                    results.append((t.median_ms, rows, warps))
-                    print(f"{name},{rows},{warps},{t.median_ms * 1e3:.1f},{bw:.3f},{bw / copy:.3f}", flush=True)
-            best = min(results)
-            print(f"# best {name}: rows={best[1]} warps={best[2]} {tbps(nbytes, best[0]):.3f} TB/s", flush=True)
+
+            def pinned(rows, warps, module=module, fn=fn, block=block):
+                module.row_launch_config = lambda n_cols, n_rows: (block, rows, warps)
+                return fn
+
+            sweep_configs(name, pinned, sets, nbytes, block, rows_options, (1, 2, 4, 8, 16), copy)
     finally:
         rms_norm.row_launch_config, rope.row_launch_config = saved
     return 0
