@@ -6,8 +6,9 @@ from pathlib import Path
 import fullgraph
 
 SRC = Path(fullgraph.__file__).parent
-# replay: whether traced code will replay from CUDA graphs, said by compile and read by ops (fullgraph/replay.py)
-FLOOR = {"env", "errors", "timing", "replay", "_capture", "_paths", "_files", "_version"}
+# replay: whether traced code will replay from CUDA graphs, said by compile and read by ops (fullgraph/replay.py);
+# serving: what keeps callables correct under concurrent callers, used by compile and deploy (fullgraph/serving.py)
+FLOOR = {"env", "errors", "timing", "replay", "serving", "_capture", "_paths", "_files", "_version"}
 # What each package may import besides the floor (DESIGN.md, Layers); cli may import anything.
 ALLOWED = {
     "diagnose": {"compile", "bench", "models", "ops"},

@@ -17,12 +17,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO, TypeVar
 
 import torch
-from torch.utils import _pytree as pytree
 
 from fullgraph import env
 from fullgraph._paths import display_path
 from fullgraph._version import __version__
 from fullgraph.errors import FullgraphError
+from fullgraph.serving import input_signature  # noqa: F401  (re-exported: deploy names inputs in errors and headers)
 
 
 class DeployError(FullgraphError, RuntimeError):
@@ -49,26 +49,6 @@ def environment() -> dict[str, str | None]:
 def mismatches(saved: Mapping[str, Any], here: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
     """`"torch 2.11.0 there, 2.13.0 here"` for each key whose values differ."""
     return [f"{k} {saved.get(k)} there, {here.get(k)} here" for k in keys if saved.get(k) != here.get(k)]
-
-
-def _short_dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def input_signature(args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
-    """The inputs as text, in the CLI's input spec form: ``"4x3x224x224:float32@cpu, 7"``.
-
-    Tensors give shape, dtype and device type; other leaves their repr. Saved beside compiled code so that a
-    file made for other inputs is refused by name rather than recompiled in silence.
-    """
-    leaves = pytree.tree_leaves((tuple(args) if isinstance(args, (tuple, list)) else (args,), dict(kwargs or {})))
-    parts = []
-    for v in leaves:
-        if isinstance(v, torch.Tensor):
-            parts.append("x".join(map(str, v.shape)) + f":{_short_dtype(v.dtype)}@{v.device.type}")
-        else:
-            parts.append(repr(v))
-    return ", ".join(parts)
 
 
 # ---- trust: who may have written a file we are about to run -----------------------------------------------------

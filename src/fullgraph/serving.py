@@ -1,0 +1,243 @@
+"""What keeps the callables fullgraph returns correct when a server's threads call them at once (the floor: `compile`
+and `deploy` use it; it imports torch alone).
+
+A served model is called from a thread pool. Three things go wrong without care (issue 31, measured on the H200 with
+torch 2.11, timm ViT-S/16 bf16, 200 calls from 4 threads): a CUDA-graph replay returns tensors in the graph's own
+memory, which the next replay overwrites, so a caller reading its result after another thread's replay gets that
+thread's result (76-90 of 200 wrong under `torch.compile(mode="reduce-overhead")`, silently); torch's CUDA-graph trees
+keep their state per thread, so a worker thread's first call asserts on torch 2.11 (`cudagraph_trees.get_obj`) and
+captures a second memory pool on 2.13; and settings that torch keeps process-wide (Dynamo's config, the compile stance,
+the trace logger) set around one model's call are seen by another model compiling on another thread.
+
+The design, chosen against an owner thread fed by a queue (one thread hop per call: 20-60 us of host time, which a
+batch-4 ViT at 0.6 ms per call cannot pay) and against N graph instances per model (N times the graph memory):
+
+- `CallGuard`: one lock per model, held across the call, the replay and the copy of its outputs, so each caller gets
+  its own tensors, copied on the stream the replay ran on before the next caller can replay. Models of one class
+  share a guard (`guard_for`): Dynamo caches compiled code per code object, so instances of a class run the same
+  compiled function and the same CUDA graphs. The first call of a new shape compiles once, under the lock, while the
+  other threads wait for it.
+- Within the guard, torch's per-thread CUDA-graph-tree state (`torch._inductor.cudagraph_trees.local`) points at the
+  guard's own, in the calling thread only and only for the call: whichever thread calls, the model records and
+  replays in one tree manager with one memory pool (its own: models no longer share one pool, see docs/deploy.md,
+  "Many threads"), on torch 2.11 and 2.13 alike.
+- `process_settings`: a call that changes a process-wide torch setting (a recompile limit, a strict stance, a trace
+  logger) runs alone in the process; every other call takes it shared. Readers never wait for one another.
+- `copy_out`: the outputs cloned (same strides) on the current stream; `borrow` in the callers skips it for a caller
+  that reads the output while it holds the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+from fullgraph.errors import FullgraphError
+
+_TREES = "torch._inductor.cudagraph_trees"
+
+
+def _trees_module() -> Any:
+    module = sys.modules.get(_TREES)
+    if module is None:
+        import torch._inductor.cudagraph_trees as module
+    return module
+
+
+class _Shared:
+    """A readers-writer lock over the settings torch keeps process-wide: shared by ordinary calls, exclusive for a
+    call that changes one of them. Re-entrant per thread in both modes (a model called inside another's forward)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer: int | None = None
+        self._writer_depth = 0
+        self._writers_waiting = 0  # new shared holds wait behind them, so a stream of calls cannot starve one
+        self._mine = threading.local()  # this thread's shared holds
+
+    def acquire(self, exclusive: bool) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._writer == me:  # nested in this thread's exclusive hold
+                self._writer_depth += 1
+                return
+            own = getattr(self._mine, "n", 0)
+            if exclusive:
+                self._writers_waiting += 1
+                try:
+                    while self._writer is not None or self._readers > own:
+                        self._cond.wait()
+                finally:
+                    self._writers_waiting -= 1
+                self._writer, self._writer_depth = me, 1
+            else:  # a thread already holding it shared goes on: waiting there could wait for itself
+                while self._writer is not None or (self._writers_waiting and not own):
+                    self._cond.wait()
+                self._readers += 1
+                self._mine.n = getattr(self._mine, "n", 0) + 1
+
+    def release(self) -> None:
+        with self._cond:
+            if self._writer == threading.get_ident():
+                self._writer_depth -= 1
+                if self._writer_depth == 0:
+                    self._writer = None
+                    self._cond.notify_all()
+                return
+            self._readers -= 1
+            self._mine.n -= 1
+            if self._readers <= 1:  # a writer may be waiting for none, or for its own shared hold alone
+                self._cond.notify_all()
+
+
+_PROCESS = _Shared()
+
+
+class process_settings:
+    """Held around a call: `exclusive=True` when the call sets a process-wide torch setting (see the module
+    docstring), shared otherwise. A class, not a generator context manager: it sits on every call's path."""
+
+    __slots__ = ("exclusive",)
+
+    def __init__(self, exclusive: bool = False) -> None:
+        self.exclusive = exclusive
+
+    def __enter__(self) -> None:
+        _PROCESS.acquire(self.exclusive)
+
+    def __exit__(self, *exc: object) -> None:
+        _PROCESS.release()
+
+
+class CallGuard:
+    """One model's critical section (see the module docstring): a re-entrant lock, and with `graph_trees` on, torch's
+    CUDA-graph-tree state of the calling thread pointed at this guard's own for the call. `with guard: out = ...;
+    out = copy_out(out)` is the pattern; the copy belongs inside."""
+
+    __slots__ = ("__weakref__", "_depth", "_saved", "_stream", "graph_trees", "lock", "trees")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.graph_trees = False  # set once a model behind this guard replays torch's CUDA-graph trees
+        self.trees = ({}, defaultdict(threading.Lock))  # what cudagraph_trees keeps per thread, kept per guard here
+        self._saved: list[tuple[Any, Any]] = []
+        self._depth = 0
+        self._stream: Any = None  # the CUDA stream of the last call (see follow_stream)
+
+    def __enter__(self) -> CallGuard:
+        self.lock.acquire()
+        self._depth += 1
+        if self.graph_trees and self._depth == 1:
+            try:
+                local = _trees_module().local
+                self._saved.append(
+                    (local.__dict__.get("tree_manager_containers"), local.__dict__.get("tree_manager_locks"))
+                )
+                local.tree_manager_containers, local.tree_manager_locks = self.trees
+            except BaseException:
+                self._depth -= 1
+                self.lock.release()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._saved and self._depth == 1:
+                containers, locks = self._saved.pop()
+                local = _trees_module().local
+                for name, value in (("tree_manager_containers", containers), ("tree_manager_locks", locks)):
+                    if value is None:
+                        local.__dict__.pop(name, None)
+                    else:
+                        setattr(local, name, value)
+        finally:
+            self._depth -= 1
+            self.lock.release()
+
+    def follow_stream(self) -> None:
+        """Inside the guard, on CUDA: a call on another stream than the last one waits for the last one's work, so a
+        replay never overwrites outputs whose copy the previous caller's stream has not run yet."""
+        stream = torch.cuda.current_stream()
+        last = self._stream
+        if last is not None and last != stream:
+            stream.wait_stream(last)
+        self._stream = stream
+
+
+_GUARDS: weakref.WeakKeyDictionary[type, CallGuard] = weakref.WeakKeyDictionary()
+_GUARDS_LOCK = threading.Lock()
+
+
+def guard_for(cls: type) -> CallGuard:
+    """The guard shared by every model of class `cls` (they share compiled code; see the module docstring)."""
+    with _GUARDS_LOCK:
+        guard = _GUARDS.get(cls)
+        if guard is None:
+            guard = _GUARDS[cls] = CallGuard()
+        return guard
+
+
+def input_signature(args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
+    """The inputs as text, in the CLI's input spec form: ``"4x3x224x224:float32@cpu, 7"``.
+
+    Tensors give shape, dtype and device type; other leaves their repr. Saved beside compiled code so that a
+    file made for other inputs is refused by name rather than recompiled in silence, and named in errors.
+    """
+    leaves = tree_leaves((tuple(args) if isinstance(args, (tuple, list)) else (args,), dict(kwargs or {})))
+    parts = []
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            parts.append("x".join(map(str, v.shape)) + f":{str(v.dtype).removeprefix('torch.')}@{v.device.type}")
+        else:
+            parts.append(repr(v))
+    return ", ".join(parts)
+
+
+class OutOfMemoryError(FullgraphError, torch.OutOfMemoryError):
+    """A call whose inputs do not fit in the GPU's free memory; the model is unchanged and the next call that fits
+    runs normally. Still a `torch.OutOfMemoryError`, for code that catches torch's."""
+
+
+def out_of_memory(name: str, args: Any, kwargs: Mapping[str, Any] | None, e: BaseException) -> OutOfMemoryError:
+    """The error to raise for `e`, torch's out-of-memory error in a call of `name` with these inputs: it names the
+    inputs and the device's free and total memory, and the fix."""
+    where = ""
+    devices = {t.device for t in tree_leaves((args, dict(kwargs or {}))) if isinstance(t, torch.Tensor)}
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        with contextlib.suppress(Exception):
+            free, total = torch.cuda.mem_get_info(cuda[0])
+            where = f" ({free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB on {cuda[0]})"
+    return OutOfMemoryError(
+        f"{name}: out of GPU memory for inputs {input_signature(args, kwargs)}{where}; call it with a smaller batch "
+        "or free memory first (the model is unchanged: the next call that fits runs normally)"
+    )
+
+
+def copy_out(out: Any) -> Any:
+    """Every tensor in `out` cloned, strides kept, on the current stream; anything else as it is."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if type(out) in (tuple, list) and all(isinstance(o, torch.Tensor) for o in out):
+        return type(out)(o.clone() for o in out)
+    return tree_map_only(torch.Tensor, torch.clone, out)
+
+
+__all__ = [
+    "CallGuard",
+    "OutOfMemoryError",
+    "copy_out",
+    "guard_for",
+    "input_signature",
+    "out_of_memory",
+    "process_settings",
+]
