@@ -7,20 +7,22 @@ graphs the host time is paid once, at capture, and the trade pays at every size 
 the H200, reduce-overhead: 0.626 ms with the epilogue against 0.675 without; `benchmarks/results/vit_probe_h200.txt`).
 
 Two ways say it to the traced code. `fullgraph.compile` enters `replayed()` around the calls of a model (or a plan's
-part) whose configuration replays CUDA graphs (a mode or options with `triton.cudagraphs`, backend "cudagraphs");
-a plain `torch.compile(mode="reduce-overhead")` (or max-autotune, or those options, or backend "cudagraphs") is
-read from the compile now tracing: Dynamo's tracer holds the backend it will hand the graph to, and Inductor's
-wrapper holds the mode's options (`_backend_replays`; torch-private attributes, so anything unexpected reads "no",
-the choice that is right in every mode). The ops read `under_graphs()` while Dynamo traces: a constant to it, read
-once per trace and never guarded (Dynamo keeps one cache entry per backend, so a model compiled both ways gets each
-its own answer).
+part) whose configuration replays CUDA graphs (a mode or options with `triton.cudagraphs`, backend "cudagraphs"); a
+plain `torch.compile(mode="reduce-overhead")` (or max-autotune, or those options, or backend "cudagraphs") is read
+from the compile now tracing: Dynamo's tracer holds the backend it will hand the graph to, and Inductor's wrapper
+holds the mode's options (`_backend_replays`; torch-private attributes, so anything unexpected reads "no", the
+choice that is right in every mode). The flag is per thread (a server's threads trace and call apart). The ops read
+`under_graphs()` while Dynamo traces: a constant to it, read once per trace and never guarded (Dynamo keeps one
+cache entry per backend, so a model compiled both ways gets each its own answer).
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
-_state = [False]
+_state = threading.local()  # per thread: a model's call on one thread says nothing about another's trace
 
 
 class replayed:
@@ -34,17 +36,17 @@ class replayed:
         self.on = on
 
     def __enter__(self) -> None:
-        self.before = _state[0]
-        _state[0] = self.on
+        self.before = getattr(_state, "on", False)
+        _state.on = self.on
 
     def __exit__(self, *exc) -> None:
-        _state[0] = self.before
+        _state.on = self.before
 
 
 @torch.compiler.assume_constant_result
 def under_graphs() -> bool:
     """Will the code being traced now run from CUDA graphs (see the module docstring)?"""
-    return _state[0] or _backend_replays()
+    return getattr(_state, "on", False) or _backend_replays()
 
 
 def _backend_replays() -> bool:

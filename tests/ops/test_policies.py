@@ -76,3 +76,33 @@ def test_unknown_names_and_values_are_errors():
         pol.set_policy(rms_nrom="kernel")
     with pytest.raises(UsageError, match="unknown policy 'fast'"), pol.policy(rms_norm="fast"):
         pass
+
+
+def test_a_policy_block_is_its_threads_alone():
+    """A server thread running a tuned model under its policies must not change what another thread resolves."""
+    import threading
+
+    inside, outside = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        with pol.policy(rms_norm="kernel"):
+            seen["worker"] = pol.effective("rms_norm")
+            inside.set()
+            outside.wait(5)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert inside.wait(5)
+    seen["main"] = pol.effective("rms_norm")
+    v_main = pol.version()
+    outside.set()
+    t.join()
+    assert seen == {"worker": "kernel", "main": "auto"}
+    assert pol.version() == v_main  # the other thread's block left this thread's state (and its number) alone
+    pol.set_policy(rms_norm="native")  # the process's settings reach every thread
+    got = []
+    t = threading.Thread(target=lambda: got.append(pol.effective("rms_norm")))
+    t.start()
+    t.join()
+    assert got == ["native"]

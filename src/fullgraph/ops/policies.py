@@ -1,7 +1,8 @@
 """Which implementation an op runs: "native" (pure PyTorch), "kernel" (Triton) or "auto".
 
-Resolution, most specific first: the instance's own policy, the innermost `policy(...)` context, the
-class default set with `set_policy(...)`, the FULLGRAPH_OPS environment variable, then "auto".
+Resolution, most specific first: the instance's own policy, the innermost `policy(...)` context of the calling
+thread, the class default set with `set_policy(...)` (process-wide), the FULLGRAPH_OPS environment variable, then
+"auto".
 
 FULLGRAPH_OPS is read when fullgraph.ops is imported: `+rms_norm,-rope` (kernel for rms_norm, native for
 rope), `all` / `none` (every op kernel / native), or `rms_norm=auto`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import Counter
 from enum import Enum
 
@@ -37,22 +39,44 @@ class Policy(str, Enum):
 # Op names that policies may name; each CustomOp subclass adds its own on definition.
 KNOWN_OPS: set[str] = set()
 
-# A dict of plain strings: torch.compile guards on its contents, so a policy change recompiles.
-_state: dict[str, str] = {}  # "ctx:<op>" (innermost context), "cls:<op>" (set_policy), "env:<op>"
+# Dicts of plain strings: torch.compile guards on their contents, so a policy change recompiles. `set_policy` and the
+# environment are the process's ("cls:<op>", "env:<op>"); a `policy(...)` block is its thread's ("ctx:<op>", the
+# innermost), so a server thread running a tuned model under its policies does not change another thread's.
+_state: dict[str, str] = {}
+_local = threading.local()  # .ctx: this thread's context entries; .version: its number, for .generation
 
-# A number per distinct policy state, set on every change: eager callers cache their choices per (version,
-# device). Returning to an earlier state (leaving a `policy(...)` block) gives back its number, so a block
-# entered on every call does not throw away what the calls inside it chose.
-_version = [0]
+
+def _ctx() -> dict[str, str]:
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        ctx = _local.ctx = {}
+    return ctx
+
+
+# A number per distinct policy state (the process's and this thread's), for eager callers that cache their choices
+# per (version, device). Returning to an earlier state (leaving a `policy(...)` block) gives back its number, so a
+# block entered on every call does not throw away what the calls inside it chose.
+_generation = [0]  # bumped at every change of the process's settings: each thread's number is then taken again
 _state_ids: dict[tuple, int] = {}
+_ids_lock = threading.Lock()
 
 
 def version() -> int:
-    return _version[0]
+    if getattr(_local, "generation", -1) != _generation[0]:
+        _changed_here()
+    return _local.version
+
+
+def _changed_here() -> None:
+    key = (tuple(sorted(_state.items())), tuple(sorted(_ctx().items())))
+    with _ids_lock:
+        _local.version = _state_ids.setdefault(key, len(_state_ids))
+    _local.generation = _generation[0]
 
 
 def _changed() -> None:
-    _version[0] = _state_ids.setdefault(tuple(sorted(_state.items())), len(_state_ids))
+    """The process's settings changed: every thread takes its number again."""
+    _generation[0] += 1
 
 
 # Which implementation ran, by (op, "eager"/"compiled", "native"/"kernel"): eager counts calls, compiled
@@ -61,14 +85,17 @@ counters: Counter = Counter()
 
 
 def snapshot() -> dict[str, str]:
-    """Every policy setting now in force (contexts, class defaults, environment), for `restore`."""
-    return dict(_state)
+    """Every policy setting now in force for this thread (contexts, class defaults, environment), for `restore`."""
+    return {**_state, **_ctx()}
 
 
 def restore(saved: dict[str, str]) -> None:
     """Put back the settings of a `snapshot()` (a test's or a tool's cleanup after `set_policy`)."""
     _state.clear()
-    _state.update(saved)
+    _state.update({k: v for k, v in saved.items() if not k.startswith("ctx:")})
+    ctx = _ctx()
+    ctx.clear()
+    ctx.update({k: v for k, v in saved.items() if k.startswith("ctx:")})
     _changed()
 
 
@@ -130,25 +157,32 @@ def policy(**ops: str | Policy):
     """Within the block, use these policies: `with policy(rms_norm="kernel", rope="native"): ...`."""
     _check_ops(ops)
     parsed = {f"ctx:{name}": Policy.parse(value, name).value for name, value in ops.items()}
-    saved = {k: _state.get(k) for k in parsed}
-    _state.update(parsed)
-    _changed()
+    ctx = _ctx()
+    saved = {k: ctx.get(k) for k in parsed}
+    ctx.update(parsed)
+    _changed_here()
     try:
         yield
     finally:
         for k, v in saved.items():
             if v is None:
-                _state.pop(k, None)
+                ctx.pop(k, None)
             else:
-                _state[k] = v
-        _changed()
+                ctx[k] = v
+        _changed_here()
 
 
 def effective(op: str, instance: str | None = None) -> str:
     """The policy in force for `op` (a plain string, so compiled code can guard on it)."""
     if instance is not None:
         return instance
-    for scope in ("ctx", "cls", "env"):
+    ctx = getattr(_local, "ctx", None)
+    if ctx:
+        for name in (op, "all"):
+            value = ctx.get(f"ctx:{name}")
+            if value is not None:
+                return value
+    for scope in ("cls", "env"):
         for name in (op, "all"):
             value = _state.get(f"{scope}:{name}")
             if value is not None:
