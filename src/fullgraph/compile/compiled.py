@@ -10,11 +10,16 @@ cache: a second instance may run the code compiled for the first (and then compi
 count against one recompile limit. `stats` count what happened during this model's own calls, whichever instance
 the cache entries were made for.
 
-Threads. Config patches, the compile stance and torch's trace logger are process-wide, and so are the counters the
-stats are read from. Calls of every `CompiledModel` therefore hold one process-wide lock: calling one from several
-threads is safe but serialized (a compiled call releases no parallelism to gain anyway while it holds the GIL to
-launch work). Code compiled with plain `torch.compile` on another thread during such a call does see this model's
-Dynamo config and is counted in its stats: keep other compiles off other threads while these models run.
+Threads (fullgraph.serving; docs/deploy.md, "Many threads"). A call holds its model's guard, one per model class
+(instances of a class share compiled code), from the input checks through the compiled call to the copy of its
+outputs: every caller gets its own result, and the first call of a shape compiles once while other threads wait.
+Under a configuration that replays torch's CUDA-graph trees (reduce-overhead, `perception`), outputs live in the
+graphs' memory, which the next replay overwrites: they are cloned inside the guard (`borrow()` yields them uncopied
+while it holds the guard), and the trees' per-thread state is the guard's own, so any thread records and replays in
+one memory pool per model class. Models of other classes run in parallel. Settings torch keeps process-wide (a
+recompile limit other than the process's, `strict_recompiles`' stance after warm-up, `debug=`'s trace logger) make
+that model's calls run alone in the process; `stats` of models called at the same moment may count each other's
+compiles (Dynamo's counters are process-wide): warm up before serving.
 
 Inference defaults. The model is put in `eval()` and called under `torch.no_grad()`, not `inference_mode()`:
 inference tensors cannot be used by autograd or modified in place later, which breaks outputs kept as caches or
@@ -28,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -40,16 +44,18 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 from fullgraph import replay
 from fullgraph.compile.choice import read_choice
 from fullgraph.compile.dynamic import DynamicSpec, check_dynamic_spec, declare_dynamic
+from fullgraph.compile.graphs import GraphedCall
 from fullgraph.compile.options import DynamoConfig, Resolved, resolve
 from fullgraph.compile.plan import PlanResult, build_parts
 from fullgraph.compile.presets import Preset
 from fullgraph.compile.stats import CompileStats, Tracker
 from fullgraph.compile.trace import TraceScope
 from fullgraph.errors import FullgraphError, UsageError
+from fullgraph.serving import copy_out, guard_for, out_of_memory, process_settings
 
 ON_ERROR = ("raise", "eager")
-_CALLS = threading.RLock()  # see "Threads" above
 _NOTHING = contextlib.nullcontext()  # reusable: it keeps no state
+_SHARED, _ALONE = process_settings(False), process_settings(True)  # reusable: they keep no state
 
 
 @contextlib.contextmanager
@@ -117,6 +123,15 @@ class CompiledModel(nn.Module):
         # Kept out of nn.Module's registry: the compiled wrapper holds the same model, moved and saved through it.
         whole = None if eager or parts is not None else torch.compile(model, **resolved.compile_kwargs())
         self.__dict__["_compiled"] = parts.call if parts is not None and not eager else whole
+        # Threads (see the module docstring). Regional blocks under CUDA graphs replay one GraphedCall, which copies
+        # its outputs itself; any other configuration that replays CUDA graphs does so through torch's trees.
+        planned = parts.parts if parts is not None else ()
+        trees = resolved.replays_cuda_graphs or any(p.resolved and p.resolved.replays_cuda_graphs for p in planned)
+        trees = trees and not (parts is not None and isinstance(parts.call, GraphedCall))
+        self.__dict__["_guard"] = guard = guard_for(type(model))
+        guard.graph_trees = guard.graph_trees or trees
+        self.__dict__["_copies"] = trees
+        self.__dict__["_parts_config"] = any(p.resolved and p.resolved.dynamo for p in planned)
 
     # -- calls -------------------------------------------------------------------------------------------------
 
@@ -129,30 +144,54 @@ class CompiledModel(nn.Module):
         self._call(args, kwargs, warming=True)
         return self
 
-    def _call(self, args: tuple, kwargs: dict, *, warming: bool) -> Any:
-        with _CALLS, torch.no_grad() if torch.is_grad_enabled() else _NOTHING:
-            args, kwargs = self._inputs(args, kwargs)
-            if self._dynamic and not self._eager:
-                declare_dynamic(self._orig_mod, args, kwargs, self._dynamic)  # marks live on this call's tensors
-            fn = self._orig_mod if self._eager else self._compiled
-            strict = self._strict and self._warmed and not warming and not self._eager
-            self._tracker.begin()
-            try:
-                with self._scope(strict):
-                    out = fn(*args, **kwargs)
-            except Exception as e:
-                self._tracker.end()
-                out = self._failed(e, strict, args, kwargs)
-            else:
-                call = self._tracker.end()
-                if strict and call.frames_compiled:  # a new frame's first compile, on a torch whose stance lets it
-                    raise StrictRecompileError(
-                        f"{self._name()}: compiled {call.frames_compiled} new frame(s) after warm-up "
-                        "(strict_recompiles=True); warm up every path serving will take"
-                    )
-            if not self._warmed:  # nn.Module.__setattr__ is slow on the hot path: set it once
-                self._warmed = True
-            return out
+    @contextlib.contextmanager
+    def borrow(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """`with cm.borrow(x) as out:` the output without the copy a CUDA-graph configuration makes of it, valid
+        inside the block: the model's guard is held until the block ends, so no other call can overwrite it."""
+        with self._guard:
+            yield self._call(args, kwargs, warming=False, copy=False)
+
+    def _call(self, args: tuple, kwargs: dict, *, warming: bool, copy: bool = True) -> Any:
+        with self._guard, self._process(warming), torch.no_grad() if torch.is_grad_enabled() else _NOTHING:
+            out = self._locked_call(args, kwargs, warming)
+            return copy_out(out) if copy and self._copies and not self._eager else out
+
+    def _process(self, warming: bool) -> process_settings:
+        """Alone in the process when this call sets a setting torch keeps process-wide (see the module docstring)."""
+        if self._eager:
+            return _SHARED
+        alone = self._trace is not None or self._parts_config or (self._strict and self._warmed and not warming)
+        dynamo = self._resolved.dynamo
+        return _ALONE if alone or (dynamo and not DynamoConfig.holds(dynamo)) else _SHARED
+
+    def _locked_call(self, args: tuple, kwargs: dict, warming: bool) -> Any:
+        args, kwargs = self._inputs(args, kwargs)
+        if self._copies and self.__dict__.get("_cuda"):
+            self._guard.follow_stream()
+        if self._dynamic and not self._eager:
+            declare_dynamic(self._orig_mod, args, kwargs, self._dynamic)  # marks live on this call's tensors
+        fn = self._orig_mod if self._eager else self._compiled
+        strict = self._strict and self._warmed and not warming and not self._eager
+        self._tracker.begin()
+        try:
+            with self._scope(strict):
+                out = fn(*args, **kwargs)
+        except torch.OutOfMemoryError as e:  # the inputs do not fit: not a compile failure, never a fallback
+            self._tracker.end()
+            raise out_of_memory(self._name(), args, kwargs, e) from None
+        except Exception as e:
+            self._tracker.end()
+            out = self._failed(e, strict, args, kwargs)
+        else:
+            call = self._tracker.end()
+            if strict and call.frames_compiled:  # a new frame's first compile, on a torch whose stance lets it
+                raise StrictRecompileError(
+                    f"{self._name()}: compiled {call.frames_compiled} new frame(s) after warm-up "
+                    "(strict_recompiles=True); warm up every path serving will take"
+                )
+        if not self._warmed:  # nn.Module.__setattr__ is slow on the hot path: set it once
+            self._warmed = True
+        return out
 
     def _scope(self, strict: bool) -> contextlib.AbstractContextManager:
         """The contexts around one call, as one context manager. The hot path (a steady call under a preset) needs
@@ -223,6 +262,7 @@ class CompiledModel(nn.Module):
                 raise UsageError(f"input {name!r}: the model was compiled for {want[0]} on {want[1]}, got "
                                  f"{got[0]} on {got[1]}")  # fmt: skip
         self._signature.update(seen)
+        self.__dict__["_cuda"] = any(d.type == "cuda" for _, d in self._signature.values())
         self.__dict__["_checked"] = key  # kept out of nn.Module's attribute machinery: read and set on the hot path
         return args, kwargs
 

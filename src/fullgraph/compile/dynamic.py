@@ -26,6 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fullgraph.errors import UsageError
+from fullgraph.serving import CallGuard, copy_out
 
 Range = tuple[int, int]
 DynamicSpec = Mapping[str, Mapping[int, Range]]
@@ -228,6 +229,11 @@ class Bucketed(torch.nn.Module):
     ``mode="reduce-overhead"``); Dynamo's ``recompile_limit`` (8 by default) must be at least the bucket count,
     or the sizes past it run eager. With the default ``dynamic=None``, the second bucket turns the dim symbolic.
 
+    Threads: around a `CompiledModel` the model's own guard serves (fullgraph.serving; its outputs are already its
+    caller's own, so the slices are too). Around anything else (a plain `torch.compile`d model, say) Bucketed holds a
+    guard of its own across the call and returns copies of the slices, and the CUDA-graph trees of what it calls
+    keep one state whichever thread calls. A new bucket arriving on several threads at once compiles once.
+
     Batch-carrying inputs: every tensor whose size along `dim` equals that of the first tensor with such a dim
     (or only those named in `batch_args`, by name or path); others pass unchanged. A size above the largest
     bucket is an error naming both, not chunked: chunks would run in sequence (a latency spike the caller should
@@ -236,7 +242,6 @@ class Bucketed(torch.nn.Module):
     Outputs: every tensor output must be batch-aligned (its `dim` has the padded size) and is sliced back, or,
     with `batch_outputs` naming some (``"output[0]"``, ``"output['logits']"``), those are sliced and the rest
     returned as the model gave them. Anything else raises, naming the output (e.g. a reduction over the batch).
-    Under CUDA graphs the slices are views of the graph's output memory: clone what you keep across calls.
 
     What keeps padding out of the results: positions along `dim` below the true size see no padded value when
     the model treats positions independently (per-sample models along the batch), or when every interaction
@@ -276,6 +281,11 @@ class Bucketed(torch.nn.Module):
                 raise UsageError(f"{name!r} is not an argument of the model; arguments: {', '.join(params)}")
         self.mask_arg = mask_arg
         self._padding_checked = not check_padding
+        from fullgraph.compile.compiled import CompiledModel  # here: compiled imports this module
+
+        self._guard = None if isinstance(model, CompiledModel) else CallGuard()
+        if self._guard is not None:
+            self._guard.graph_trees = True
 
     @classmethod
     def from_range(cls, model: Callable, dim: int, size_range: Range, **kwargs: Any) -> "Bucketed":
@@ -313,6 +323,12 @@ class Bucketed(torch.nn.Module):
         return self.batch_args is None or path in self.batch_args or _root(path) in self.batch_args
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._guard is None:
+            return self._bucketed(args, kwargs)
+        with self._guard:
+            return copy_out(self._bucketed(args, kwargs))
+
+    def _bucketed(self, args: tuple, kwargs: dict) -> Any:
         bound = _bind(self._sig, args, kwargs)
         named = _named(bound)
         leaves, _ = pytree.tree_flatten_with_path(named)

@@ -22,21 +22,31 @@ replay, with no Python or guards between the kernels. The compiled parts are com
 of their own.
 
 Contract, as with reduce-overhead: the captured call must not synchronise with the host or change shape
-with the data. The warm-up before a capture runs with host synchronisations raising
-(`torch.cuda.set_sync_debug_mode("error")`), so a `.item()`, a host copy or a data-dependent shape is found
-before it can break a capture: a failed capture leaves the CUDA RNG unusable ("Offset increment outside graph
-capture encountered unexpectedly", seen on the H200) and the capture stream current, both undone here should
-a capture still fail. Either way the signature is reported once in a `CudaGraphSkipWarning` naming the
-cause and runs uncaptured from then on. Outputs are
-cloned out of the graph's memory (a copy per call; `clone_outputs=False` returns the graph's own
-tensors, overwritten by the next replay of that signature). At most `max_graphs` signatures are captured
-(each holds its inputs, outputs and memory pool); later ones run uncaptured, said once. Inputs that are not
-all on one CUDA device, and calls while grad is enabled, run uncaptured.
+with the data. A `.item()`, a host copy or a data-dependent shape makes the capture fail; a failed capture
+leaves the CUDA RNG unusable ("Offset increment outside graph capture encountered unexpectedly", seen on the
+H200) and the capture stream current, both undone here (also when the capture is interrupted, by a
+KeyboardInterrupt say, which then goes on up). The signature is reported once in a `CudaGraphSkipWarning`
+naming the cause and runs uncaptured from then on. Until 2026-12 the warm-up ran with host syncs raising
+(`torch.cuda.set_sync_debug_mode("error")`) to find them before the capture; that mode is process-wide, so
+another thread's ordinary `.item()` raised meanwhile: the capture itself now finds them, in its own thread
+only (`capture_error_mode="thread_local"`: other threads' work goes on during a capture).
+
+Threads (fullgraph.serving): a call holds this object's lock from the input copy through the replay to the
+copy of its outputs, on the stream the replay ran on, so every caller gets its own result; the first call of
+a signature and its capture happen once, whichever threads arrive at the same time. Outputs are cloned out
+of the graph's memory (a copy per call); `borrow(*args)` holds the lock and yields the graph's own tensors
+(valid until the block ends), and `clone_outputs=False` returns them unlocked, for a single caller that is
+done with each output before its next call. At most `max_graphs` signatures are captured (each holds its
+inputs, outputs and memory pool); later ones run uncaptured, said once. Inputs that are not all on one CUDA
+device, and calls while grad is enabled, run uncaptured. A call that runs out of GPU memory raises
+`fullgraph.serving.OutOfMemoryError` naming its inputs and the free memory; the graphs already captured stay,
+and a signature whose capture ran out of memory is tried again at its next call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +54,8 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from fullgraph.serving import copy_out, out_of_memory
 
 
 class CudaGraphSkipWarning(UserWarning):
@@ -81,18 +93,6 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-@contextlib.contextmanager
-def _syncs_raise() -> Iterator[None]:
-    """Host synchronisations raise inside (`torch.cuda.set_sync_debug_mode`, process-wide, restored after): the
-    warm-up finds them before a capture does, since a failed capture leaves the CUDA RNG unusable."""
-    before = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(before)
-
-
 def _recover(caller: torch.cuda.Stream) -> None:
     """Undo what a failed capture leaves behind: `torch.cuda.graph` raised in its exit before restoring the
     caller's stream, and the CUDA generator still holds the aborted capture's offset ("Offset increment outside
@@ -107,6 +107,9 @@ def _recover(caller: torch.cuda.Stream) -> None:
         torch.cuda.set_stream(caller)
 
 
+_HOST_SYNC = ("operation not permitted when stream is capturing", "StreamCaptureUnsupported", "synchroniz")
+
+
 class GraphedCall:
     """`fn` replayed from one CUDA graph per input signature (see the module docstring)."""
 
@@ -119,8 +122,29 @@ class GraphedCall:
         self.skipped: dict[tuple, str] = {}  # signature -> why it runs uncaptured
         self._seen: set[tuple] = set()
         self._said_full = False
+        self._lock = threading.RLock()
+        self._stream: Any = None  # the stream of the last replay (see _follow)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.clone_outputs:
+            return self._run(args, kwargs)
+        with self._lock:
+            return copy_out(self._run(args, kwargs))
+
+    @contextlib.contextmanager
+    def borrow(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """The output in the graph's own memory, without a copy, valid inside the block: the lock is held until it
+        ends, so no other caller's replay overwrites it (see the module docstring)."""
+        with self._lock:
+            yield self._run(args, kwargs)
+
+    def _run(self, args: tuple, kwargs: dict) -> Any:
+        try:
+            return self._replay(args, kwargs)
+        except torch.OutOfMemoryError as e:
+            raise out_of_memory(self.name, args, kwargs, e) from None
+
+    def _replay(self, args: tuple, kwargs: dict) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
         key = None if torch.is_grad_enabled() else _signature(leaves)
         if key is None or key in self.skipped:
@@ -133,22 +157,23 @@ class GraphedCall:
             entry = self._capture(key, leaves, spec)
             if entry is None:
                 return self.fn(*args, **kwargs)
+        stream = torch.cuda.current_stream()
+        if self._stream is not None and self._stream != stream:  # the last caller's copy-out must run first
+            stream.wait_stream(self._stream)
+        self._stream = stream
         tensors = (leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
         for mine, theirs in zip(entry.inputs, tensors, strict=True):
             if mine.data_ptr() != theirs.data_ptr():
                 mine.copy_(theirs)
         entry.graph.replay()
-        if not self.clone_outputs:
-            return entry.output
-        out, out_spec = tree_flatten(entry.output)
-        return tree_unflatten([o.clone() if isinstance(o, torch.Tensor) else o for o in out], out_spec)
+        return entry.output
 
     def _capture(self, key: tuple, leaves: list[Any], spec: Any) -> _Graph | None:
         if len(self.graphs) >= self.max_graphs:
             if not self._said_full:
                 self._said_full = True
                 warnings.warn(f"{self.name}: {self.max_graphs} CUDA graphs captured (max_graphs); new input "
-                              "signatures run uncaptured", CudaGraphSkipWarning, stacklevel=3)  # fmt: skip
+                              "signatures run uncaptured", CudaGraphSkipWarning, stacklevel=5)  # fmt: skip
             self.skipped[key] = "max_graphs reached"
             return None
         inputs = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
@@ -156,20 +181,22 @@ class GraphedCall:
         caller = torch.cuda.current_stream()
         side = torch.cuda.Stream()
         side.wait_stream(caller)
-        try:  # cuBLAS and the allocator set up their per-stream state here; a host sync raises
-            with torch.cuda.stream(side), _syncs_raise():
+        try:  # cuBLAS and the allocator set up their per-stream state here
+            with torch.cuda.stream(side):
                 self.fn(*args, **kwargs)
-        except Exception as e:
+        finally:
             caller.wait_stream(side)
-            return self._skip(key, f"it synchronises with the host ({_first_line(e)})")
-        caller.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 output = self.fn(*args, **kwargs)
-        except Exception as e:  # an op that cannot be captured
+        except BaseException as e:  # an op that cannot be captured; an interrupt or out of memory: undone, raised
             _recover(caller)
-            return self._skip(key, f"capture failed ({_first_line(e)})")
+            if not isinstance(e, Exception) or isinstance(e, torch.OutOfMemoryError):
+                raise
+            refused = any(word in str(e) for word in _HOST_SYNC)  # a sync and a stream query read alike here
+            how = "capture failed: it synchronises with the host or calls what a capture refuses" * refused
+            return self._skip(key, f"{how or 'capture failed'} ({_first_line(e)})")
         entry = _Graph(graph, [x for x in inputs if isinstance(x, torch.Tensor)], output)
         self.graphs[key] = entry
         return entry
@@ -177,7 +204,7 @@ class GraphedCall:
     def _skip(self, key: tuple, cause: str) -> None:
         self.skipped[key] = cause
         warnings.warn(f"{self.name}: runs without a CUDA graph for these input shapes: {cause}",
-                      CudaGraphSkipWarning, stacklevel=4)  # fmt: skip
+                      CudaGraphSkipWarning, stacklevel=6)  # fmt: skip
 
     def describe(self) -> str:
         skipped = f", {len(self.skipped)} signature(s) uncaptured" if self.skipped else ""

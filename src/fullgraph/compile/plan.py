@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,21 @@ class PlannedPart:
         return f"{self.label} ({r.backend}{mode}{', fullgraph' if r.fullgraph else ''})"
 
 
+class _Switch:
+    """A submodule's `_compiled_call_impl` while its model's call runs: the compiled part on the thread making that
+    call, the module's own call on any other."""
+
+    __slots__ = ("compiled", "here", "module")
+
+    def __init__(self, module: nn.Module, compiled: Callable, here: threading.local) -> None:
+        self.module, self.compiled, self.here = module, compiled, here
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self.here, "on", False):
+            return self.compiled(*args, **kwargs)
+        return self.module._call_impl(*args, **kwargs)
+
+
 class PlanResult:
     """The parts of a model compiled apart: a plan's entries or the regional blocks.
 
@@ -89,18 +105,26 @@ class PlanResult:
         self.call = call
         self.parts = parts
         self.regional = regional
-        self._swaps = swaps
+        self._here = threading.local()  # .on inside this result's call, in that thread only
+        # A part reached from eager code (its `_compiled_call_impl`) goes through a switch that takes the compiled
+        # call only on the thread inside `installed()`: another thread calling the user's module meanwhile runs it
+        # as written. A `forward` swapped for regional "nested" is traced by the compiled root, so it stays plain.
+        self._swaps = [(m, name, _Switch(m, value, self._here) if name == "_compiled_call_impl" else value)
+                       for m, name, value in swaps]  # fmt: skip
         self._trackers = dict(trackers or {})
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """The compiled parts in place for one call; the model's own attributes are put back after."""
+        """The compiled parts in place for one call on this thread; the model's own attributes are put back after.
+        Calls of one model hold its guard (fullgraph.serving), so no two of its calls install at once."""
         saved = [(m, name, m.__dict__.get(name, _MISSING)) for m, name, _ in self._swaps]
+        self._here.on = True
         try:
             for m, name, value in self._swaps:
                 m.__dict__[name] = value
             yield
         finally:
+            self._here.on = False
             for m, name, old in reversed(saved):
                 if old is _MISSING:
                     m.__dict__.pop(name, None)

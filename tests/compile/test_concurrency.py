@@ -1,0 +1,374 @@
+"""Callables from fullgraph.compile called from many threads at once: every caller gets its own correct output.
+
+On the CPU the CUDA-graph paths are played by stand-ins that reuse one output buffer as a graph replay does, so
+the copy-out and the locking are proven here; tests/compile/test_gpu.py and `fullgraph bench load` run the real
+graphs on the H200.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from torch import nn
+
+import fullgraph
+from fullgraph import serving
+from fullgraph.compile import Bucketed, graphs
+from fullgraph.compile.graphs import GraphedCall
+
+THREADS = 8
+
+
+class Net(nn.Module):
+    def __init__(self, dim: int = 24) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, 5)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def hammer(call, inputs, rounds: int = 6, *, barrier: bool = True, pause: float = 0.0):
+    """Every thread calls `call` on each input `rounds` times (all threads released at once); returns
+    ([(input index, output copy)], [exceptions]). `pause` waits between receiving an output and reading it, as a
+    server does while it serialises a response."""
+    start = threading.Barrier(THREADS)
+    results, errors = [], []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        if barrier:
+            start.wait()
+        for r in range(rounds):
+            i = (k + r) % len(inputs)
+            try:
+                with torch.no_grad():  # grad mode is per thread: a server's inference threads set it each
+                    out = call(inputs[i])
+                time.sleep(pause)
+                got = out.clone()
+            except Exception as e:
+                with lock:
+                    errors.append(e)
+                continue
+            with lock:
+                results.append((i, got))
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(worker, range(THREADS)))
+    return results, errors
+
+
+def wrong(results, expected) -> int:
+    return sum(not torch.allclose(out, expected[i], rtol=1e-4, atol=1e-5) for i, out in results)
+
+
+@pytest.mark.parametrize("preset", ["dev", "perception"])
+def test_cold_first_calls_from_eight_threads_compile_once_and_all_are_right(preset):
+    torch._dynamo.reset()  # another preset's entries for Net.forward would count as a recompile here
+    torch.manual_seed(0)
+    model = Net().eval()
+    inputs = [torch.randn(3, 24) for _ in range(THREADS)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    cm = fullgraph.compile(model, preset)  # perception: Inductor, its CUDA-graph trees' state guarded (none on a CPU)
+    results, errors = hammer(cm, inputs)
+    assert not errors, errors[:1]
+    assert len(results) == THREADS * 6 and wrong(results, expected) == 0
+    assert cm.stats.frames_compiled == 1 and cm.stats.recompiles == ()
+    # a new shape arriving on every thread at once: one more compile, every output right
+    bigger = [torch.randn(5, 24) for _ in range(THREADS)]
+    with torch.no_grad():
+        expected = [model(x) for x in bigger]
+    results, errors = hammer(cm, bigger, rounds=2)
+    assert not errors and wrong(results, expected) == 0
+    assert cm.stats.frames_compiled <= 2  # the new shape compiled once (or was made dynamic once)
+
+
+class SharedBuffer:
+    """A CUDA-graph replay as the caller sees it: every call writes its result into one buffer and returns it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.buffer = model, None
+
+    def __call__(self, x):
+        out = self.model(x)
+        if self.buffer is None or self.buffer.shape != out.shape:
+            self.buffer = torch.empty_like(out)
+        self.buffer.copy_(out)
+        time.sleep(0.001)  # the replay's GPU time, during which another thread would be let in
+        return self.buffer
+
+
+def graph_stand_in(preset: str = "perception"):
+    torch.manual_seed(1)
+    model = Net().eval()
+    cm = fullgraph.compile(model, preset)
+    cm.__dict__["_compiled"] = SharedBuffer(model)  # what torch's CUDA-graph trees hand back on every replay
+    inputs = [torch.randn(4, 24) for _ in range(THREADS)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    return cm, inputs, expected
+
+
+def test_the_stand_in_races_without_the_copy():
+    """The check below can fail: calling the shared-buffer graph bare, outputs are read after others overwrite them."""
+    cm, inputs, expected = graph_stand_in()
+    with torch.no_grad():
+        results, _ = hammer(cm.__dict__["_compiled"], inputs, pause=0.002)
+    assert wrong(results, expected) > 0
+
+
+def test_compiled_model_under_a_graph_preset_copies_each_output_inside_its_guard():
+    cm, inputs, expected = graph_stand_in()
+    assert cm._copies  # perception replays CUDA graphs: outputs are copied out
+    results, errors = hammer(cm, inputs, pause=0.002)
+    assert not errors and len(results) == THREADS * 6
+    assert wrong(results, expected) == 0
+
+
+def test_borrow_holds_the_guard_until_the_block_ends():
+    cm, inputs, expected = graph_stand_in()
+    order = []
+    inside = threading.Event()
+
+    def other():
+        inside.wait(5)
+        cm(inputs[1])
+        order.append("other call")
+
+    t = threading.Thread(target=other)
+    t.start()
+    with cm.borrow(inputs[0]) as out:
+        assert out is cm.__dict__["_compiled"].buffer  # the graph's own memory, not a copy
+        inside.set()
+        time.sleep(0.05)
+        torch.testing.assert_close(out, expected[0])  # the other thread's call has not overwritten it
+        order.append("borrow ends")
+    t.join()
+    assert order == ["borrow ends", "other call"]
+
+
+def test_models_of_one_class_share_a_guard_and_other_classes_do_not():
+    a, b = fullgraph.compile(Net(), "dev"), fullgraph.compile(Net(), "dev")
+    other = fullgraph.compile(nn.Sequential(nn.Linear(3, 3)), "dev")
+    assert a._guard is b._guard and a._guard is not other._guard
+
+
+def test_out_of_memory_names_the_inputs_and_is_no_compile_failure():
+    torch.manual_seed(2)
+    model = Net().eval()
+    cm = fullgraph.compile(model, "dev", on_error="eager")
+    fits = torch.randn(2, 24)
+    cm(fits)
+    real = cm.__dict__["_compiled"]
+
+    def limited(x):
+        if x.shape[0] > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(x)
+
+    cm.__dict__["_compiled"] = limited
+    with pytest.raises(serving.OutOfMemoryError, match=r"Net: out of GPU memory for inputs 64x24:float32@cpu.*"
+                       r"smaller batch") as info:  # fmt: skip
+        cm(torch.randn(64, 24))
+    assert isinstance(info.value, torch.OutOfMemoryError)  # code catching torch's error still catches it
+    assert cm.stats.fell_back is None and not cm._eager  # never taken for a compile failure
+    with torch.no_grad():
+        torch.testing.assert_close(cm(fits), model(fits))
+
+
+class FakeGraph:
+    """torch.cuda.CUDAGraph on the CPU: the capture records the call's body, `replay` runs it again into the same
+    output memory, as a real replay does."""
+
+    recording: FakeGraph | None = None
+
+    def __init__(self) -> None:
+        self.body = None
+
+    def replay(self) -> None:
+        self.body()
+
+
+class FakeStream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def fake_capture(graph, capture_error_mode="global"):
+    assert capture_error_mode == "thread_local"  # other threads' work goes on during a capture
+    FakeGraph.recording = graph
+    try:
+        yield
+    finally:
+        FakeGraph.recording = None
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    """GraphedCall's CUDA pieces played on the CPU (see FakeGraph); CPU tensors get a signature."""
+    stream = FakeStream()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(graphs, "_signature", lambda leaves: tuple((tuple(x.shape), x.dtype) for x in leaves))
+
+
+class GraphBody:
+    """A function whose captured form writes into one output buffer (what a replay returns)."""
+
+    def __init__(self, w: torch.Tensor, fail: BaseException | None = None) -> None:
+        self.w, self.fail, self.out = w, fail, None
+
+    def __call__(self, x):
+        if FakeGraph.recording is not None:
+            if self.fail is not None:
+                raise self.fail
+            out = torch.empty(x.shape[0], self.w.shape[1])
+
+            def body():
+                out.copy_(torch.tanh(x @ self.w))
+                time.sleep(0.001)
+
+            FakeGraph.recording.body = body
+            body()
+            return out
+        return torch.tanh(x @ self.w)
+
+
+def test_graphed_call_copies_out_inside_its_lock(cpu_graphs):
+    torch.manual_seed(3)
+    w = torch.randn(16, 8)
+    inputs = [torch.randn(4, 16) for _ in range(THREADS)]
+    expected = [torch.tanh(x @ w) for x in inputs]
+    graphed = GraphedCall(GraphBody(w), name="stand-in")
+    with torch.no_grad():
+        results, errors = hammer(graphed, inputs, pause=0.002)
+        assert not errors and len(graphed.graphs) == 1  # captured once, whichever threads came first
+        assert wrong(results, expected) == 0
+        bare = GraphedCall(GraphBody(w), name="bare", clone_outputs=False)  # the single-caller opt-out
+        results, _ = hammer(bare, inputs, pause=0.002)
+    assert wrong(results, expected) > 0  # so the check above can fail
+
+
+def test_an_interrupted_capture_is_undone_and_the_interrupt_goes_on(cpu_graphs, monkeypatch):
+    recovered = []
+    monkeypatch.setattr(graphs, "_recover", lambda caller: recovered.append(caller))
+    body = GraphBody(torch.randn(16, 8), fail=KeyboardInterrupt())
+    graphed = GraphedCall(body, name="interrupted")
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        graphed(x)  # the first call of a signature runs plainly
+        with pytest.raises(KeyboardInterrupt):
+            graphed(x)  # the capture is interrupted
+        assert len(recovered) == 1 and not graphed.graphs and not graphed.skipped  # undone; not skipped for good
+        body.fail = None
+        torch.testing.assert_close(graphed(x), torch.tanh(x @ body.w))
+    assert len(graphed.graphs) == 1
+
+
+def test_bucketed_around_a_plain_callable_guards_and_copies(cpu_graphs):
+    torch.manual_seed(4)
+    model = Net().eval()
+    bucketed = Bucketed(SharedBuffer(model), buckets=(4, 8))
+    inputs = [torch.randn(1 + k % 4, 24) for k in range(THREADS)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+        results, errors = hammer(bucketed, inputs, pause=0.002)
+    assert not errors and wrong(results, expected) == 0
+    assert Bucketed(fullgraph.compile(model, "dev"), buckets=(4,))._guard is None  # the model's own guard serves
+
+
+def test_a_planned_part_is_compiled_only_on_the_thread_inside_the_call():
+    torch.manual_seed(5)
+    model = nn.Sequential(Net(), nn.ReLU()).eval()
+    cm = fullgraph.compile(model, plan={"0": {"backend": "eager"}})
+    x = torch.randn(3, 24)
+    inside, go_on = threading.Event(), threading.Event()
+    net = model[0]
+    original = type(net).forward
+
+    def slow_forward(self, x):
+        if threading.current_thread() is not threading.main_thread():
+            inside.set()
+            go_on.wait(5)
+        return original(self, x)
+
+    type(net).forward = slow_forward
+    try:
+        t = threading.Thread(target=cm, args=(x,))
+        t.start()
+        assert inside.wait(5)
+        calls = cm.plan.stats["0"].calls
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), original(net, x).relu())  # the user's module, as written
+        assert cm.plan.stats["0"].calls == calls  # not through the compiled part
+        go_on.set()
+        t.join()
+    finally:
+        type(net).forward = original
+    assert cm.plan.stats["0"].calls == calls + 1
+
+
+def test_process_wide_settings_run_alone_and_shared_holds_run_together():
+    shared = serving._Shared()
+    log = []
+    reading, writer_waiting, release = threading.Event(), threading.Event(), threading.Event()
+
+    def reader():
+        shared.acquire(False)
+        reading.set()
+        release.wait(5)
+        shared.acquire(False)  # nested in its own shared hold while a writer waits: must not wait for itself
+        shared.release()
+        log.append("reader done")
+        shared.release()
+
+    def writer():
+        writer_waiting.set()
+        shared.acquire(True)
+        log.append("writer in")
+        shared.release()
+
+    r = threading.Thread(target=reader)
+    r.start()
+    assert reading.wait(5)
+    w = threading.Thread(target=writer)
+    w.start()
+    assert writer_waiting.wait(5)
+    time.sleep(0.05)
+    assert log == []  # the writer waits for the reader
+    release.set()
+    r.join(5)
+    w.join(5)
+    assert log == ["reader done", "writer in"]
+
+
+def test_the_guard_points_the_threads_graph_tree_state_at_its_own_and_back():
+    trees = serving._trees_module()
+    guard = serving.CallGuard()
+    guard.graph_trees = True
+    seen = {}
+
+    def worker():
+        seen["before"] = "tree_manager_containers" in trees.local.__dict__
+        with guard:
+            seen["inside"] = trees.local.tree_manager_containers is guard.trees[0]
+        seen["after"] = "tree_manager_containers" in trees.local.__dict__
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == {"before": False, "inside": True, "after": False}
+    mine = trees.get_obj(trees.local, "tree_manager_containers")  # this thread's own, made at import
+    with guard:
+        assert trees.local.tree_manager_containers is guard.trees[0]
+    assert trees.local.tree_manager_containers is mine
