@@ -6,10 +6,15 @@ suites (every `fullgraph` call builds the whole parser); a suite module is impor
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 
-# suite -> (module with run(args) -> (rows, table), description, extra arguments as (flags, argparse kwargs))
+from fullgraph.cli._args import TARGET_HELP
+
+# suite -> (module with run(args) -> (rows, table) or (rows, table, failure), description, extra arguments as
+# (flags, argparse kwargs))
 SUITES = {
     "ceilings": (
         "fullgraph.bench.suites.ceilings",
@@ -129,6 +134,49 @@ SUITES = {
             ("--seed", {"type": int, "default": 0, "help": "seed of the weights and the stream (default 0)"}),
         ],
     ),
+    "load": (
+        "fullgraph.bench.suites.load",
+        "one callable from many threads at once: throughput, p50/p99 latency, wrong outputs, exceptions, GPU memory",
+        [
+            ("target", {"help": f"{TARGET_HELP}; or a package FILE.pt2"}),
+            (
+                "--input",
+                {
+                    "action": "append",
+                    "default": [],
+                    "metavar": "SPEC",
+                    "help": "an input, e.g. 4x3x224x224:bf16; name=SPEC for a keyword input; repeat for several "
+                    "(default: the TARGET's, or the inputs a package was exported with)",
+                },
+            ),
+            ("--threads", {"default": "1,4,16", "help": "thread counts, each measured in turn (default 1,4,16)"}),
+            ("--seconds", {"type": float, "default": 30.0, "help": "timed seconds per thread count (default 30)"}),
+            (
+                "--callable",
+                {
+                    "help": "what wraps the model: compiled (default), bucketed, precompiled, package (the "
+                    "default for a .pt2), plain (torch.compile) or eager"
+                },
+            ),
+            (
+                "--preset",
+                {
+                    "help": "fullgraph.compile preset, its mode for precompiled and plain (default perception "
+                    "on GPU, dev on CPU)"
+                },
+            ),
+            (
+                "--cold",
+                {
+                    "action": "store_true",
+                    "help": "a fresh callable per thread count, its first call from every thread at once "
+                    "(default: warmed up in one thread first)",
+                },
+            ),
+            ("--cuda-graphs", {"action": "store_true", "help": "a package's calls replayed from CUDA graphs"}),
+            ("--input-sets", {"type": int, "default": 8, "help": "distinct random input sets (default 8)"}),
+        ],
+    ),
     "all": (
         "fullgraph.bench.suites.all_suites",
         "vit, nms, robot and dit one after another, each with its defaults, each table printed as it finishes",
@@ -150,19 +198,51 @@ def add_parser(sub, name: str, help_text: str) -> None:
         sp.set_defaults(run=run, suite_module=module)
 
 
+@contextlib.contextmanager
+def _load_sources(args):
+    """What `bench load` takes from the layers above bench: TARGETs read as `doctor` reads them, packages loaded as
+    `fullgraph load` loads them, fullgraph.deploy's saves and loads, and this command's progress."""
+    import torch
+
+    from fullgraph import deploy
+    from fullgraph.bench.suites.load import Sources
+    from fullgraph.cli.export_cmd import recorded_specs
+    from fullgraph.cli.progress import progress_reporter
+    from fullgraph.diagnose.target import inputs_from_specs, load_target
+
+    def open_package(path, cuda_graphs, specs):
+        loaded = deploy.load(path, cuda_graphs=cuda_graphs)
+        device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
+        return loaded, inputs_from_specs(specs or recorded_specs(loaded.inputs, os.path.basename(path)), device)
+
+    with progress_reporter() as say:
+        yield {"sources": Sources(load_target, open_package, deploy.export, deploy.save_precompiled,
+                                  deploy.load_precompiled, say)}  # fmt: skip
+
+
+# suite -> a context around its run yielding the keyword arguments its run takes besides `args`: for a suite that needs
+# what only the command line may import (DESIGN.md, Layers)
+NEEDS = {"load": _load_sources}
+
+
 def run(args) -> int:
     from fullgraph._capture import capture_output
     from fullgraph.bench.results import append_csv
 
     # The suites' warnings and library logs (Dynamo's, Inductor's, transformers') are counted, not shown between
     # our lines: one line per kind follows the table (or the error). Progress that a suite prints still shows.
+    needs = NEEDS.get(getattr(args, "suite", None), lambda args: contextlib.nullcontext({}))
     try:
-        with capture_output() as captured:
-            rows, table = importlib.import_module(args.suite_module).run(args)
+        with capture_output() as captured, needs(args) as extra:
+            # (rows, table), or (rows, table, failure): a one-line failure (wrong outputs, say) exits 1 after both
+            rows, table, *failure = importlib.import_module(args.suite_module).run(args, **extra)
         print(table)
     finally:
         for line in captured.summary():
             print(line, file=sys.stderr)
     n = append_csv(args.csv, rows)
     print(f"\n{n} rows appended to {args.csv}")
+    if failure and failure[0]:
+        print(f"fullgraph bench {args.suite}: failed: {failure[0]}", file=sys.stderr)
+        return 1
     return 0

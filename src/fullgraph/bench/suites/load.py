@@ -1,0 +1,471 @@
+"""Suite `load`: one callable driven from many threads at once, as a server's thread pool calls a model (issue 31).
+
+The callable wraps the TARGET's model one way (KINDS): `fullgraph.compile` under a preset, `Bucketed` around that,
+a precompiled model, an AOTInductor package (a .pt2 TARGET, or exported here), plain `torch.compile` with the
+preset's mode, or the model as the TARGET gives it. Each thread calls it with its own turn through INPUT_SETS random
+input sets of the TARGET's inputs (floating tensors drawn again; for `bucketed`, every other set one item shorter,
+which Bucketed pads back). Per thread count, in phases:
+
+- start: warm (default) calls it in one thread first, once for the whole run; `cold` takes a fresh callable per
+  thread count (Dynamo's caches reset) whose first call all threads make at once, released by a barrier.
+- references: each input set's output, called in one thread (after the cold calls, which keep a copy of theirs).
+- timed: every thread calls in a loop for `seconds`, without checks; each call waits for its own output (the
+  stream synchronized). Throughput (calls/s, items/s along dim 0) over the wall time, latency p50 / p99 per call,
+  GPU memory (`torch.cuda.memory_allocated`) after the first GROWTH_AFTER calls and at the end.
+- check: every thread calls with each input set CHECK_ROUNDS times and compares each output, as soon as it has it,
+  with that set's reference: wrong when the relative error (norm of the difference over the norm of the reference,
+  all output tensors together) is above TOLERANCE or the shapes differ.
+
+Exceptions are counted in every phase, with the first one's message. The run fails (`fullgraph bench load` exits 1)
+when any output was wrong or any call raised. What reads TARGETs and builds packages comes from the command line
+(`Sources`): this layer imports neither diagnose nor deploy (DESIGN.md, Layers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+import fullgraph.compile as fg_compile
+from fullgraph.bench.results import Result, make_rows
+from fullgraph.bench.suites import parse_sizes
+from fullgraph.bench.suites.coldstart import rel_err
+from fullgraph.bench.table import format_table
+from fullgraph.env import first_line
+from fullgraph.errors import UsageError
+from fullgraph.timing import quantile, resolve_device
+
+KINDS = {
+    "compiled": "fullgraph.compile(model, preset)",
+    "bucketed": "fullgraph.compile.Bucketed around fullgraph.compile(model, preset), buckets powers of two up to "
+    "the batch",
+    "precompiled": "fullgraph.deploy.save_precompiled with the preset's mode, then load_precompiled",
+    "package": "an AOTInductor package: a .pt2 TARGET, or exported here (minutes on a GPU); with --cuda-graphs",
+    "plain": "torch.compile(model, mode=the preset's mode), for comparison",
+    "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
+}
+INPUT_SETS = 8
+CHECK_ROUNDS = 3
+TOLERANCE = 1e-2  # relative error, norm sense
+WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
+GROWTH_AFTER = 100  # calls into the timed phase when the memory baseline is read
+MAX_ERRORS = 10  # exceptions after which a thread stops its phase (a callable that always raises would spin)
+
+Inputs = tuple[tuple, dict]  # one call's (args, kwargs)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What this suite needs from above the bench layer, passed in by `fullgraph bench load` (the command line may
+    import everything): how to read a TARGET, and fullgraph.deploy's functions."""
+
+    load_target: Callable[[str, Sequence[str], torch.device], tuple[Any, Any]]  # -> (model, Example on device)
+    open_package: Callable[[str, bool, Sequence[str]], tuple[Any, Any]]  # (.pt2, cuda_graphs, --input) -> same
+    export: Callable[..., str]  # fullgraph.deploy.export(model, args, path, preset=)
+    save_precompiled: Callable[..., Any]  # (model, args, path, mode=)
+    load_precompiled: Callable[[str, torch.nn.Module], Callable]
+    progress: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the command line asked for, checked when made."""
+
+    target: str
+    kind: str
+    threads: tuple[int, ...]
+    seconds: float
+    cold: bool
+    preset: str
+    cuda_graphs: bool
+    device: str
+    input_specs: tuple[str, ...] = ()
+    input_sets: int = INPUT_SETS
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UsageError(f"--callable {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise UsageError(f"--seconds {self.seconds:g}: give the seconds each thread count is timed, e.g. 30")
+        if self.input_sets < 1:
+            raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
+        if self.is_package_file and self.kind != "package":
+            raise UsageError(f"{self.target} is a package: it runs as --callable package, not {self.kind}")
+        if self.cuda_graphs and self.kind != "package":
+            raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
+        fg_compile.get_preset(self.preset)  # an unknown name is a UsageError listing the presets
+
+    @property
+    def is_package_file(self) -> bool:
+        return self.target.endswith(".pt2")
+
+    @property
+    def mode(self) -> str | None:
+        return fg_compile.resolve(self.preset).mode
+
+    @property
+    def label(self) -> str:
+        return {
+            "compiled": f"compiled {self.preset}",
+            "bucketed": f"bucketed {self.preset}",
+            "precompiled": f"precompiled {self.mode or 'default'}",
+            "package": "package, cuda-graphs" if self.cuda_graphs else "package",
+            "plain": f"torch.compile {self.mode or 'default'}",
+            "eager": "eager",
+        }[self.kind]
+
+
+def plan_from(args) -> Plan:
+    device = resolve_device(args.device)
+    kind = args.callable or ("package" if args.target.endswith(".pt2") else "compiled")
+    return Plan(
+        target=args.target,
+        kind=kind,
+        threads=parse_sizes("--threads", args.threads, "thread counts like 1,4,16"),
+        seconds=args.seconds,
+        cold=args.cold,
+        preset=args.preset or ("perception" if device.type == "cuda" else "dev"),
+        cuda_graphs=args.cuda_graphs,
+        device=str(device),
+        input_specs=tuple(args.input),
+        input_sets=args.input_sets,
+    )
+
+
+# ---- inputs and the callable ---------------------------------------------------------------------------------------
+
+
+def _batch(x: Inputs) -> int:
+    """Items per call: dim 0 of the first tensor input (1 without one)."""
+    first = next((t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor) and t.ndim), None)
+    return 1 if first is None else first.shape[0]
+
+
+def input_sets(example: Inputs, n: int, shorter: bool) -> list[Inputs]:
+    """`n` input sets shaped as `example`: floating tensors drawn again (normal), others (ids, masks) copied; with
+    `shorter`, every other set one item shorter along dim 0 in the tensors that carry the batch (batch > 2)."""
+    torch.manual_seed(0)
+    batch = _batch(example)
+
+    def fresh(t: torch.Tensor, cut: bool) -> torch.Tensor:
+        if cut and t.ndim and t.shape[0] == batch:
+            t = t[: batch - 1]
+        return torch.randn_like(t) if t.is_floating_point() else t.clone()
+
+    return [pytree.tree_map_only(torch.Tensor, lambda t, c=shorter and batch > 2 and i % 2 == 1: fresh(t, c), example)
+            for i in range(n)]  # fmt: skip
+
+
+def opener(plan: Plan, sources: Sources, work: str) -> tuple[Callable[[], Callable], Inputs]:
+    """A function that returns a fresh callable of `plan.kind` (a cold run takes one per thread count), and the
+    example inputs; the slow part of a kind (a precompile, an export) happens here, once."""
+    if plan.is_package_file:
+        loaded, example = sources.open_package(plan.target, plan.cuda_graphs, plan.input_specs)
+        fresh = iter([loaded])  # the first open is this one; later ones load the file again
+        return lambda: next(fresh, None) or sources.open_package(plan.target, plan.cuda_graphs, ())[0], _pair(example)
+    model, example = sources.load_target(plan.target, plan.input_specs, torch.device(plan.device))
+    x = _pair(example)
+    needs_module = plan.kind in ("compiled", "bucketed", "precompiled", "package")
+    if needs_module and not isinstance(model, torch.nn.Module):
+        raise UsageError(f"--callable {plan.kind} takes an nn.Module; {plan.target} returned {type(model).__name__}")
+    if plan.kind in ("precompiled", "package") and x[1]:
+        raise UsageError(f"--callable {plan.kind} takes positional inputs only; {plan.target} has keyword inputs")
+    if plan.kind == "compiled":
+        return lambda: fg_compile.compile(model, plan.preset), x
+    if plan.kind == "bucketed":
+        return lambda: fg_compile.Bucketed.from_range(fg_compile.compile(model, plan.preset), 0, (1, _batch(x))), x
+    if plan.kind == "plain":
+        return lambda: torch.compile(model, mode=plan.mode), x
+    if plan.kind == "eager":
+        return lambda: model, x
+    if plan.kind == "precompiled":
+        path = os.path.join(work, "model.fgpre")
+        sources.progress(f"precompiling {type(model).__name__} ({plan.mode or 'default'} mode)")
+        sources.save_precompiled(model, x[0], path, mode=plan.mode)
+        return lambda: sources.load_precompiled(path, model), x
+    sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
+    path = sources.export(model, x[0], os.path.join(work, "model.pt2"), preset=plan.preset)
+    return lambda: sources.open_package(path, plan.cuda_graphs, ())[0], x
+
+
+def _pair(example: Any) -> Inputs:
+    return tuple(example.args), dict(example.kwargs)
+
+
+# ---- threads ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What one thread counted in one phase (summed over threads with `total`)."""
+
+    calls: int = 0
+    items: int = 0
+    latencies: list[float] = field(default_factory=list)  # seconds per call
+    checked: int = 0
+    wrong: int = 0
+    worst: float = 0.0  # the largest relative error checked
+    exceptions: int = 0
+    first_error: str | None = None
+
+    def failed(self, e: Exception) -> bool:
+        """Count `e`; True when this thread should stop its phase."""
+        self.exceptions += 1
+        self.first_error = self.first_error or first_line(e, 300)
+        return self.exceptions >= MAX_ERRORS
+
+    def check(self, out: list[torch.Tensor], ref: list[torch.Tensor]) -> None:
+        err = rel_err([t.float() for t in out], ref)
+        self.checked += 1
+        if err is None or not err <= TOLERANCE:  # NaN is wrong too
+            self.wrong += 1
+        self.worst = max(self.worst, math.inf if err is None or math.isnan(err) else err)
+
+
+def total(tallies: Sequence[Tally]) -> Tally:
+    out = Tally()
+    for t in tallies:
+        out.calls, out.items, out.checked = out.calls + t.calls, out.items + t.items, out.checked + t.checked
+        out.wrong, out.exceptions, out.worst = (
+            out.wrong + t.wrong,
+            out.exceptions + t.exceptions,
+            max(out.worst, t.worst),
+        )
+        out.latencies += t.latencies
+        out.first_error = out.first_error or t.first_error
+    return out
+
+
+def in_threads(n: int, work: Callable[[int, float], Tally]) -> tuple[list[Tally], float]:
+    """`work(i, start)` in `n` threads released together by a barrier (`start`: the release time); their tallies and
+    the wall time from the release until the last one ended."""
+    released: list[float] = []
+    barrier = threading.Barrier(n, action=lambda: released.append(time.perf_counter()))
+    tallies = [Tally() for _ in range(n)]
+
+    def body(i: int) -> None:
+        barrier.wait()
+        tallies[i] = work(i, released[0])
+
+    threads = [threading.Thread(target=body, args=(i,), name=f"fullgraph-load-{i}") for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return tallies, time.perf_counter() - released[0]
+
+
+class Driver:
+    """Calls one callable on the input sets and waits for each output on the calling thread's stream."""
+
+    def __init__(self, fn: Callable, sets: list[Inputs], device: torch.device):
+        self.fn, self.sets, self.cuda = fn, sets, device.type == "cuda"
+        self.items = [_batch(x) for x in sets]
+        self.refs: list[list[torch.Tensor]] = []
+
+    def call(self, i: int) -> list[torch.Tensor]:
+        args, kwargs = self.sets[i % len(self.sets)]
+        out = [t for t in pytree.tree_leaves(self.fn(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        return out
+
+    def references(self) -> None:
+        """Each set's output in this thread, kept as float32 copies."""
+        self.refs = [[t.detach().float().clone() for t in self.call(i)] for i in range(len(self.sets))]
+
+    def cold(self, n: int) -> tuple[Tally, float]:
+        """The first call from `n` threads at once, each output copied at once (what a request reads), checked once
+        the references exist; the slowest first call in seconds."""
+        kept: list[tuple[int, list[torch.Tensor]]] = []
+        took = [0.0] * n
+
+        def work(i: int, start: float) -> Tally:
+            tally = Tally()
+            try:
+                kept.append((i, [t.detach().clone() for t in self.call(i)]))
+            except Exception as e:
+                tally.failed(e)
+            took[i] = time.perf_counter() - start
+            return tally
+
+        tallies, _ = in_threads(n, work)
+        _single("computing the references", self.references)
+        for i, out in kept:
+            tallies[i].check(out, self.refs[i % len(self.sets)])
+        return total(tallies), max(took)
+
+    def timed(self, n: int, seconds: float) -> tuple[Tally, float, int | None]:
+        """Every thread calls until `seconds` after the release: (the sum, wall seconds, memory after GROWTH_AFTER
+        calls or None on the CPU or when fewer calls ran)."""
+        count = itertools.count(1)
+        baseline: list[int] = []
+
+        def work(i: int, start: float) -> Tally:
+            tally, j = Tally(), i
+            while time.perf_counter() - start < seconds:
+                k, j = j, j + 1
+                t0 = time.perf_counter()
+                try:
+                    self.call(k)
+                except Exception as e:
+                    if tally.failed(e):
+                        break
+                    continue
+                tally.latencies.append(time.perf_counter() - t0)
+                tally.calls += 1
+                tally.items += self.items[k % len(self.sets)]
+                if self.cuda and next(count) == GROWTH_AFTER:
+                    baseline.append(torch.cuda.memory_allocated())
+            return tally
+
+        tallies, wall = in_threads(n, work)
+        return total(tallies), wall, baseline[0] if baseline else None
+
+    def checked(self, n: int) -> Tally:
+        def work(i: int, start: float) -> Tally:
+            tally = Tally()
+            for j in range(CHECK_ROUNDS * len(self.sets)):
+                k = (i + j) % len(self.sets)
+                try:
+                    tally.check(self.call(k), self.refs[k])
+                except Exception as e:
+                    if tally.failed(e):
+                        break
+            return tally
+
+        return total(in_threads(n, work)[0])
+
+
+# ---- the run ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    """One thread count's phases."""
+
+    threads: int
+    timed: Tally
+    wall_s: float
+    checks: Tally  # the check phase and the cold calls' checks
+    first_call_s: float | None  # cold: the slowest first call
+    mem_after: int | None  # bytes allocated after GROWTH_AFTER timed calls (GPU)
+    mem_end: int | None
+
+    @property
+    def calls_per_s(self) -> float:
+        return self.timed.calls / self.wall_s
+
+    @property
+    def exceptions(self) -> int:
+        return self.timed.exceptions + self.checks.exceptions
+
+    @property
+    def first_error(self) -> str | None:
+        return self.timed.first_error or self.checks.first_error
+
+    @property
+    def growth(self) -> float | None:
+        """Memory at the end over memory after the first calls, less one."""
+        return None if not self.mem_after or self.mem_end is None else self.mem_end / self.mem_after - 1
+
+
+def _single(what: str, step: Callable[[], Any]) -> None:
+    """A step in one thread: if it raises, the callable does not work at all, and the run stops saying so."""
+    try:
+        step()
+    except Exception as e:
+        raise UsageError(f"{what} failed in one thread, before any threads ran: {first_line(e, 300)}") from e
+
+
+def measure_point(plan: Plan, driver: Driver, n: int, say: Callable[[str], None]) -> Point:
+    cold, first_s = Tally(), None
+    threads = f"{n} thread{'s' * (n != 1)}"
+    if plan.cold:
+        say(f"{threads}: the first call from all at once (cold), then references in one thread")
+        cold, first_s = driver.cold(n)
+    elif not driver.refs:
+        say(f"warm-up ({WARMUP_CALLS} calls) and references in one thread")
+        _single("the warm-up", lambda: [driver.call(0) for _ in range(WARMUP_CALLS)])
+        _single("computing the references", driver.references)
+    say(f"{threads}: calling for {plan.seconds:g} s (timed, no checks)")
+    timed, wall, mem_after = driver.timed(n, plan.seconds)
+    mem_end = torch.cuda.memory_allocated() if driver.cuda else None
+    say(f"{threads}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
+    checks = total([cold, driver.checked(n)])
+    return Point(n, timed, wall, checks, first_s, mem_after, mem_end)
+
+
+def describe(x: Inputs) -> str:
+    tensors = [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+    specs = ["x".join(map(str, t.shape)) + ":" + str(t.dtype).removeprefix("torch.") for t in tensors[:3]]
+    return ", ".join(specs) + (", ..." if len(tensors) > 3 else "")
+
+
+def report(plan: Plan, example: Inputs, points: list[Point]) -> tuple[list[Result], str, str | None]:
+    """Rows, the table, and a one-line failure when any output was wrong or any call raised."""
+    target = os.path.basename(plan.target)
+    case = f"{target} {describe(example)} {plan.device}"
+    start = "cold" if plan.cold else "warm"
+    variant = f"{plan.label}, {start}"
+    base = next((p.calls_per_s for p in points if p.threads == 1), None)
+    rows: list[Result] = []
+    table = []
+    for p in points:
+        lat = sorted(p.timed.latencies) or [math.nan]
+        p50, p99 = quantile(lat, 0.5) * 1e3, quantile(lat, 0.99) * 1e3
+        ratio = p.calls_per_s / base if base else None
+        metrics = {"calls": (p.timed.calls, ""), "calls_per_s": (p.calls_per_s, "1/s"),
+                   "items_per_s": (p.timed.items / p.wall_s, "1/s"), "p50_ms": (p50, "ms"), "p99_ms": (p99, "ms"),
+                   "checked": (p.checks.checked, ""), "wrong": (p.checks.wrong, ""),
+                   "max_rel_err": (p.checks.worst, ""), "exceptions": (p.exceptions, "")}  # fmt: skip
+        optional = {"ratio_vs_1_thread": (ratio, "x"), "first_call_s": (p.first_call_s, "s"),
+                    "mem_after_first_bytes": (p.mem_after, "B"), "mem_end_bytes": (p.mem_end, "B"),
+                    "mem_growth": (p.growth, "")}  # fmt: skip
+        metrics |= {k: v for k, v in optional.items() if v[0] is not None}
+        params = {"target": plan.target, "callable": plan.kind, "preset": plan.preset, "cuda_graphs": plan.cuda_graphs,
+                  "start": start, "threads": p.threads, "seconds": plan.seconds, "input_sets": plan.input_sets,
+                  **({"error": p.first_error} if p.first_error else {})}  # fmt: skip
+        rows += make_rows("load", case, f"{variant}, {p.threads} thread{'s' * (p.threads != 1)}", metrics, params)
+        growth = "n/a" if p.growth is None else f"{p.growth:+.1%}"
+        table.append([p.threads, p.calls_per_s, p.timed.items / p.wall_s, ratio, p50, p99,
+                      f"{p.checks.wrong}/{p.checks.checked}", p.exceptions, growth, p.first_call_s])  # fmt: skip
+    headers = ["threads", "calls/s", "items/s", "x 1 thread", "p50 ms", "p99 ms", "wrong/checked", "exceptions",
+               "GPU mem growth", "cold 1st call s"]  # fmt: skip
+    about = f"{variant} on {case}: {plan.input_sets} input sets, {plan.seconds:g} s per thread count"
+    wrong, checked = sum(p.checks.wrong for p in points), sum(p.checks.checked for p in points)
+    raised = sum(p.exceptions for p in points)
+    first = next((p.first_error for p in points if p.first_error), None)
+    notes = [f"first exception: {first}"] if first else []
+    failure = None
+    if wrong or raised:
+        failure = f"{wrong} wrong output{'s' * (wrong != 1)} of {checked} checked and {raised} "
+        failure += f"exception{'s' * (raised != 1)} from {variant}" + (f" (first: {first})" if first else "")
+    return rows, "\n".join([about, format_table(headers, table), *notes]), failure
+
+
+def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
+    plan = plan_from(args)
+    device, say = torch.device(plan.device), sources.progress
+    with tempfile.TemporaryDirectory(prefix="fullgraph-load-") as work:
+        say(f"{plan.target}: the model and its {plan.label} callable")
+        open_callable, example = opener(plan, sources, work)
+        sets = input_sets(example, plan.input_sets, shorter=plan.kind == "bucketed")
+        points, driver = [], None
+        for n in plan.threads:
+            if plan.cold or driver is None:
+                if plan.cold:
+                    torch._dynamo.reset()  # Dynamo's code caches outlive a callable: cold means none
+                driver = Driver(open_callable(), sets, device)
+            points.append(measure_point(plan, driver, n, say))
+    return report(plan, example, points)
