@@ -165,12 +165,14 @@ class CallGuard:
 
     def follow_stream(self) -> None:
         """Inside the guard, on CUDA: a call on another stream than the last one waits for the last one's work, so a
-        replay never overwrites outputs whose copy the previous caller's stream has not run yet."""
-        stream = torch.cuda.current_stream()
+        replay never overwrites outputs whose copy the previous caller's stream has not run yet. Read through torch's
+        C binding: a `torch.cuda.Stream` object per call would cost microseconds on every call's path."""
+        now = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())  # (stream id, device index, device type)
         last = self._stream
-        if last is not None and last != stream:
-            stream.wait_stream(last)
-        self._stream = stream
+        if last is not None and last != now:
+            torch.cuda.current_stream().wait_stream(torch.cuda.Stream(stream_id=last[0], device_index=last[1],
+                                                                      device_type=last[2]))  # fmt: skip
+        self._stream = now
 
 
 _GUARDS: weakref.WeakKeyDictionary[type, CallGuard] = weakref.WeakKeyDictionary()

@@ -46,7 +46,6 @@ and a signature whose capture ran out of memory is tried again at its next call.
 from __future__ import annotations
 
 import contextlib
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from fullgraph.serving import copy_out, out_of_memory
+from fullgraph.serving import CallGuard, copy_out, out_of_memory
 
 
 class CudaGraphSkipWarning(UserWarning):
@@ -122,20 +121,19 @@ class GraphedCall:
         self.skipped: dict[tuple, str] = {}  # signature -> why it runs uncaptured
         self._seen: set[tuple] = set()
         self._said_full = False
-        self._lock = threading.RLock()
-        self._stream: Any = None  # the stream of the last replay (see _follow)
+        self._guard = CallGuard()  # a lock, and the stream of the last replay (fullgraph.serving)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.clone_outputs:
             return self._run(args, kwargs)
-        with self._lock:
+        with self._guard:
             return copy_out(self._run(args, kwargs))
 
     @contextlib.contextmanager
     def borrow(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         """The output in the graph's own memory, without a copy, valid inside the block: the lock is held until it
         ends, so no other caller's replay overwrites it (see the module docstring)."""
-        with self._lock:
+        with self._guard:
             yield self._run(args, kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
@@ -157,10 +155,7 @@ class GraphedCall:
             entry = self._capture(key, leaves, spec)
             if entry is None:
                 return self.fn(*args, **kwargs)
-        stream = torch.cuda.current_stream()
-        if self._stream is not None and self._stream != stream:  # the last caller's copy-out must run first
-            stream.wait_stream(self._stream)
-        self._stream = stream
+        self._guard.follow_stream()  # a caller on another stream waits for the last caller's copy-out
         tensors = (leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
         for mine, theirs in zip(entry.inputs, tensors, strict=True):
             if mine.data_ptr() != theirs.data_ptr():
