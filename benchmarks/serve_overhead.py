@@ -40,7 +40,9 @@ def make_prev(rev: str, out: Path) -> None:
             rel = Path(member.name).relative_to("src/fullgraph")
             text = tar.extractfile(member).read()
             if rel.suffix == ".py":
-                text = re.sub(rb"(?<=import )fullgraph\b|(?<=from )fullgraph\b|\bfullgraph(?=\.)", b"fullgraph_prev", text)
+                text = re.sub(
+                    rb"(?<=import )fullgraph\b|(?<=from )fullgraph\b|\bfullgraph(?=\.)", b"fullgraph_prev", text
+                )
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             (target / rel).write_bytes(text)
     print(f"wrote {target} (fullgraph at {rev})")
@@ -74,30 +76,34 @@ def main() -> None:
     print(f"# {args.model if not args.small else 'tiny MLP'}, {dtype}, {device}, torch {torch.__version__}")
     print(f"# {'batch':>5} {'variant':34} {'median ms':>10} {'min':>8} {'max':>8} {'/ earlier':>10}")
     for batch in (int(b) for b in args.batches.split(",")):
-        base = build(args.model, args.small).to(device, dtype).eval()
-        shape = (batch, 64) if args.small else (batch, 3, 224, 224)
-        x = torch.randn(shape, device=device, dtype=dtype)
-        now = fullgraph.compile(copy.deepcopy(base), "perception")
-        earlier = prev.compile(copy.deepcopy(base), "perception")
-        plain = torch.compile(copy.deepcopy(base), mode="reduce-overhead")
-
-        def borrowed(now=now, x=x):
-            with now.borrow(x) as out:
-                return out
-
-        variants = {"earlier commit": lambda: earlier(x), "now (copy-out)": lambda: now(x),
-                    "now, borrow() (no copy)": borrowed, "plain reduce-overhead": lambda: plain(x)}  # fmt: skip
-        with torch.no_grad():
-            for fn in variants.values():
-                for _ in range(20):
-                    fn()
-            rounds = round_medians(variants, device=device, rounds=args.rounds, reps=args.reps)
-        ref = sorted(rounds["earlier commit"])[len(rounds["earlier commit"]) // 2]
-        for name, ms in rounds.items():
-            ms.sort()
-            med = ms[len(ms) // 2]
-            print(f"  {batch:5d} {name:34} {med:10.4f} {ms[0]:8.4f} {ms[-1]:8.4f} {med / ref:10.3f}")
+        run_batch(prev, args, batch, device, dtype)
         torch._dynamo.reset()
+
+
+def run_batch(prev, args: argparse.Namespace, batch: int, device: str, dtype: torch.dtype) -> None:
+    base = build(args.model, args.small).to(device, dtype).eval()
+    shape = (batch, 64) if args.small else (batch, 3, 224, 224)
+    x = torch.randn(shape, device=device, dtype=dtype)
+    now = fullgraph.compile(copy.deepcopy(base), "perception")
+    earlier = prev.compile(copy.deepcopy(base), "perception")
+    plain = torch.compile(copy.deepcopy(base), mode="reduce-overhead")
+
+    def borrowed():
+        with now.borrow(x) as out:
+            return out
+
+    variants = {"earlier commit": lambda: earlier(x), "now (copy-out)": lambda: now(x),
+                "now, borrow() (no copy)": borrowed, "plain reduce-overhead": lambda: plain(x)}  # fmt: skip
+    with torch.no_grad():
+        for fn in variants.values():
+            for _ in range(20):
+                fn()
+        rounds = round_medians(variants, device=device, rounds=args.rounds, reps=args.reps)
+    ref = sorted(rounds["earlier commit"])[len(rounds["earlier commit"]) // 2]
+    for name, ms in rounds.items():
+        ms.sort()
+        med = ms[len(ms) // 2]
+        print(f"  {batch:5d} {name:34} {med:10.4f} {ms[0]:8.4f} {ms[-1]:8.4f} {med / ref:10.3f}")
 
 
 if __name__ == "__main__":
