@@ -154,10 +154,11 @@ SUITES = {
             (
                 "--callable",
                 {
-                    "help": "what wraps the model: compiled (default), bucketed, precompiled, package (the "
-                    "default for a .pt2), plain (torch.compile) or eager"
+                    "help": "what wraps the model, or several in turn (comma-separated): compiled (default), "
+                    "bucketed, precompiled, package (the default for a .pt2), plain (torch.compile) or eager"
                 },
             ),
+            ("--package", {"metavar": "FILE.pt2", "help": "the package for --callable package (default: exported)"}),
             (
                 "--preset",
                 {

@@ -1,3 +1,4 @@
+import json
 import threading
 import time
 
@@ -51,20 +52,20 @@ def main_thread_only():
 
 def bench_load(tmp_path, *args):
     """`fullgraph bench load TARGET ARGS` on the CPU for 0.3 s at 1 and 8 threads (later flags win): (exit code, rows
-    of its CSV by thread count and metric)."""
+    of its CSV by callable, thread count and metric)."""
     path = tmp_path / "load.csv"
     rc = main(["bench", "load", *FAST, *args, "--csv", str(path)])
-    rows = read_csv(path) if path.exists() else []
     by = {}
-    for r in rows:
-        by.setdefault(int(r.variant.rsplit(", ", 1)[1].split()[0]), {})[r.metric] = r.value
+    for r in read_csv(path) if path.exists() else []:
+        params = json.loads(r.params)
+        by.setdefault(params["callable"], {}).setdefault(params["threads"], {})[r.metric] = r.value
     return rc, by
 
 
 def assert_clean(by, cold=False):
     assert set(by) == {1, 8}
     for n, m in by.items():
-        assert m["calls"] > 0 and m["calls_per_s"] > 0 and m["items_per_s"] == pytest.approx(4 * m["calls_per_s"])
+        assert m["calls"] > 0 and m["calls_per_s"] > 0
         checked = n * suite.CHECK_ROUNDS * suite.INPUT_SETS + (n if cold else 0)  # each cold first call is checked
         assert m["wrong"] == 0 and m["exceptions"] == 0 and m["checked"] == checked
         assert m["max_rel_err"] <= suite.TOLERANCE and m["p99_ms"] >= m["p50_ms"] > 0
@@ -72,42 +73,47 @@ def assert_clean(by, cold=False):
     assert by[1]["ratio_vs_1_thread"] == 1
 
 
-def test_compiled_under_dev_from_eight_threads_is_correct(tmp_path, capsys):
-    rc, by = bench_load(tmp_path, *SMALL)
+def test_compiled_and_bucketed_under_dev_from_eight_threads_are_correct(tmp_path, capsys):
+    rc, by = bench_load(tmp_path, *SMALL, "--callable", "compiled,bucketed")
     assert rc == 0
-    assert_clean(by)
+    assert_clean(by["compiled"])
+    assert_clean(by["bucketed"])
+    for n, m in by["compiled"].items():
+        assert m["items_per_s"] == pytest.approx(4 * m["calls_per_s"])
+        # half of bucketed's sets are one item shorter (3 of batch 4, padded back to the bucket 4)
+        assert by["bucketed"][n]["items_per_s"] / by["bucketed"][n]["calls_per_s"] == pytest.approx(3.5, abs=0.3)
     out = capsys.readouterr().out
-    assert f"compiled dev, warm on {SMALL[0]} 4x8:float32 cpu" in out and "wrong/checked" in out and "n/a" in out
+    assert f"{SMALL[0]} 4x8:float32 cpu, warm start" in out and "wrong/checked" in out and "n/a" in out
+    assert "compiled dev" in out and "bucketed dev" in out
 
 
 def test_precompiled_cold_first_calls_from_eight_threads_at_once(tmp_path, capsys):
     rc, by = bench_load(tmp_path, *SMALL, "--callable", "precompiled", "--cold")
     assert rc == 0, capsys.readouterr().err
-    assert_clean(by, cold=True)
-    assert all(m["first_call_s"] > 0 for m in by.values())
-
-
-def test_bucketed_pads_every_other_input_set_and_stays_correct(tmp_path):
-    rc, by = bench_load(tmp_path, *SMALL, "--callable", "bucketed", "--threads", "4")
-    assert rc == 0 and by[4]["wrong"] == 0 and by[4]["checked"] > 0
-    # half the sets are one item shorter (3 of batch 4, padded back to the bucket 4): 3.5 items a call on average
-    assert by[4]["items_per_s"] / by[4]["calls_per_s"] == pytest.approx(3.5, abs=0.3)
+    assert_clean(by["precompiled"], cold=True)
+    assert all(m["first_call_s"] > 0 for m in by["precompiled"].values())
 
 
 def test_a_racy_callable_is_caught_and_the_run_fails(tmp_path, capsys):
     rc, by = bench_load(tmp_path, f"{HERE}:shared_buffer", "--callable", "eager")
     assert rc == 1
+    by = by["eager"]
     assert by[1]["wrong"] == 0  # alone, the buffer holds its own result
     assert by[8]["wrong"] > 0 and by[8]["max_rel_err"] > suite.TOLERANCE
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("fullgraph bench load: failed: ") and "wrong outputs of" in err and "eager, warm" in err
+    assert (
+        err.startswith("fullgraph bench load: failed: ")
+        and "eager, warm: " in err
+        and "wrong outputs of 216, 0 exceptions" in err
+    )
 
 
 def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_path, capsys):
     rc, by = bench_load(tmp_path, f"{HERE}:main_thread_only", "--callable", "eager", "--threads", "2")
     assert rc == 1
-    assert by[2]["exceptions"] >= 2 and by[2]["calls"] == 0  # every worker stops after MAX_ERRORS
-    assert "0 wrong outputs of 0 checked and" in capsys.readouterr().err
+    assert by["eager"][2]["exceptions"] >= 2 and by["eager"][2]["calls"] == 0  # each worker stops after MAX_ERRORS
+    # each of the 2 threads stops after MAX_ERRORS, in the timed phase and again in the check phase
+    assert f"eager, warm: 0 wrong outputs of 0, {4 * suite.MAX_ERRORS} exceptions" in capsys.readouterr().err
     rows = read_csv(tmp_path / "load.csv")
     assert '"error":"AssertionError"' in rows[0].params
 
@@ -115,7 +121,9 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (("--callable", "threaded"), "--callable 'threaded': choose one of compiled, bucketed"),
+        (("--callable", "threaded"), "--callable 'threaded': give one or more of compiled, bucketed"),
+        (("--callable", "eager,eager"), "each once"),
+        (("--package", "m.pt2"), "--package m.pt2: give a FILE.pt2, for --callable package"),
         (("--threads", "0,4"), "--threads: cannot read '0,4'"),
         (("--threads", "four"), "--threads: cannot read 'four'"),
         (("--seconds", "0"), "--seconds 0: give the seconds"),

@@ -82,7 +82,7 @@ class Plan:
     """What the command line asked for, checked when made."""
 
     target: str
-    kind: str
+    kinds: tuple[str, ...]
     threads: tuple[int, ...]
     seconds: float
     cold: bool
@@ -91,46 +91,45 @@ class Plan:
     device: str
     input_specs: tuple[str, ...] = ()
     input_sets: int = INPUT_SETS
+    package: str | None = None  # the package of kind "package" for a Python TARGET (default: exported here)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise UsageError(f"--callable {self.kind!r}: choose one of {', '.join(KINDS)}")
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds or len(set(self.kinds)) != len(self.kinds):
+            raise UsageError(f"--callable {','.join(self.kinds)!r}: give one or more of {', '.join(KINDS)}, each once")
         if not (self.seconds > 0 and math.isfinite(self.seconds)):
             raise UsageError(f"--seconds {self.seconds:g}: give the seconds each thread count is timed, e.g. 30")
         if self.input_sets < 1:
             raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
-        if self.is_package_file and self.kind != "package":
-            raise UsageError(f"{self.target} is a package: it runs as --callable package, not {self.kind}")
-        if self.cuda_graphs and self.kind != "package":
+        if self.target.endswith(".pt2") and self.kinds != ("package",):
+            raise UsageError(f"{self.target} is a package: it runs as --callable package, not {','.join(self.kinds)}")
+        if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
+        if self.package is not None and ("package" not in self.kinds or not self.package.endswith(".pt2")):
+            raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package")
         fg_compile.get_preset(self.preset)  # an unknown name is a UsageError listing the presets
-
-    @property
-    def is_package_file(self) -> bool:
-        return self.target.endswith(".pt2")
 
     @property
     def mode(self) -> str | None:
         return fg_compile.resolve(self.preset).mode
 
-    @property
-    def label(self) -> str:
+    def label(self, kind: str) -> str:
         return {
             "compiled": f"compiled {self.preset}",
             "bucketed": f"bucketed {self.preset}",
             "precompiled": f"precompiled {self.mode or 'default'}",
-            "package": "package, cuda-graphs" if self.cuda_graphs else "package",
+            "package": "package cuda-graphs" if self.cuda_graphs else "package",
             "plain": f"torch.compile {self.mode or 'default'}",
             "eager": "eager",
-        }[self.kind]
+        }[kind]
 
 
 def plan_from(args) -> Plan:
     device = resolve_device(args.device)
-    kind = args.callable or ("package" if args.target.endswith(".pt2") else "compiled")
+    kinds = args.callable or ("package" if args.target.endswith(".pt2") else "compiled")
     return Plan(
         target=args.target,
-        kind=kind,
+        kinds=tuple(k.strip() for k in kinds.split(",")),
         threads=parse_sizes("--threads", args.threads, "thread counts like 1,4,16"),
         seconds=args.seconds,
         cold=args.cold,
@@ -139,6 +138,7 @@ def plan_from(args) -> Plan:
         device=str(device),
         input_specs=tuple(args.input),
         input_sets=args.input_sets,
+        package=args.package,
     )
 
 
@@ -166,36 +166,45 @@ def input_sets(example: Inputs, n: int, shorter: bool) -> list[Inputs]:
             for i in range(n)]  # fmt: skip
 
 
-def opener(plan: Plan, sources: Sources, work: str) -> tuple[Callable[[], Callable], Inputs]:
-    """A function that returns a fresh callable of `plan.kind` (a cold run takes one per thread count), and the
-    example inputs; the slow part of a kind (a precompile, an export) happens here, once."""
-    if plan.is_package_file:
+def load_model(plan: Plan, sources: Sources) -> tuple[Any, Inputs]:
+    """The TARGET's model and example inputs; for a package TARGET, the package loaded (the first callable)."""
+    if plan.target.endswith(".pt2"):
         loaded, example = sources.open_package(plan.target, plan.cuda_graphs, plan.input_specs)
-        fresh = iter([loaded])  # the first open is this one; later ones load the file again
-        return lambda: next(fresh, None) or sources.open_package(plan.target, plan.cuda_graphs, ())[0], _pair(example)
+        return loaded, _pair(example)
     model, example = sources.load_target(plan.target, plan.input_specs, torch.device(plan.device))
     x = _pair(example)
-    needs_module = plan.kind in ("compiled", "bucketed", "precompiled", "package")
-    if needs_module and not isinstance(model, torch.nn.Module):
-        raise UsageError(f"--callable {plan.kind} takes an nn.Module; {plan.target} returned {type(model).__name__}")
-    if plan.kind in ("precompiled", "package") and x[1]:
-        raise UsageError(f"--callable {plan.kind} takes positional inputs only; {plan.target} has keyword inputs")
-    if plan.kind == "compiled":
-        return lambda: fg_compile.compile(model, plan.preset), x
-    if plan.kind == "bucketed":
-        return lambda: fg_compile.Bucketed.from_range(fg_compile.compile(model, plan.preset), 0, (1, _batch(x))), x
-    if plan.kind == "plain":
-        return lambda: torch.compile(model, mode=plan.mode), x
-    if plan.kind == "eager":
-        return lambda: model, x
-    if plan.kind == "precompiled":
+    for kind in plan.kinds:
+        if kind in ("compiled", "bucketed", "precompiled", "package") and not isinstance(model, torch.nn.Module):
+            raise UsageError(f"--callable {kind} takes an nn.Module; {plan.target} returned {type(model).__name__}")
+        if kind in ("precompiled", "package") and x[1]:
+            raise UsageError(f"--callable {kind} takes positional inputs only; {plan.target} has keyword inputs")
+    return model, x
+
+
+def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work: str) -> Callable[[], Callable]:
+    """A function that returns a fresh callable of `kind` (a cold run takes one per thread count); the slow part of a
+    kind (a precompile, an export) happens here, once."""
+    if plan.target.endswith(".pt2"):
+        first = iter([model])  # loaded by load_model, not called yet; later ones load the file again
+        return lambda: next(first, None) or sources.open_package(plan.target, plan.cuda_graphs, ())[0]
+    if kind == "compiled":
+        return lambda: fg_compile.compile(model, plan.preset)
+    if kind == "bucketed":
+        return lambda: fg_compile.Bucketed.from_range(fg_compile.compile(model, plan.preset), 0, (1, _batch(x)))
+    if kind == "plain":
+        return lambda: torch.compile(model, mode=plan.mode)
+    if kind == "eager":
+        return lambda: model
+    if kind == "precompiled":
         path = os.path.join(work, "model.fgpre")
         sources.progress(f"precompiling {type(model).__name__} ({plan.mode or 'default'} mode)")
         sources.save_precompiled(model, x[0], path, mode=plan.mode)
-        return lambda: sources.load_precompiled(path, model), x
-    sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
-    path = sources.export(model, x[0], os.path.join(work, "model.pt2"), preset=plan.preset)
-    return lambda: sources.open_package(path, plan.cuda_graphs, ())[0], x
+        return lambda: sources.load_precompiled(path, model)
+    path = plan.package
+    if path is None:
+        sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
+        path = sources.export(model, x[0], os.path.join(work, "model.pt2"), preset=plan.preset)
+    return lambda: sources.open_package(path, plan.cuda_graphs, ())[0]
 
 
 def _pair(example: Any) -> Inputs:
@@ -412,60 +421,68 @@ def describe(x: Inputs) -> str:
     return ", ".join(specs) + (", ..." if len(tensors) > 3 else "")
 
 
-def report(plan: Plan, example: Inputs, points: list[Point]) -> tuple[list[Result], str, str | None]:
+def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tuple[list[Result], str, str | None]:
     """Rows, the table, and a one-line failure when any output was wrong or any call raised."""
-    target = os.path.basename(plan.target)
-    case = f"{target} {describe(example)} {plan.device}"
+    case = f"{os.path.basename(plan.target)} {describe(example)} {plan.device}"
     start = "cold" if plan.cold else "warm"
-    variant = f"{plan.label}, {start}"
-    base = next((p.calls_per_s for p in points if p.threads == 1), None)
     rows: list[Result] = []
-    table = []
-    for p in points:
-        lat = sorted(p.timed.latencies) or [math.nan]
-        p50, p99 = quantile(lat, 0.5) * 1e3, quantile(lat, 0.99) * 1e3
-        ratio = p.calls_per_s / base if base else None
-        metrics = {"calls": (p.timed.calls, ""), "calls_per_s": (p.calls_per_s, "1/s"),
-                   "items_per_s": (p.timed.items / p.wall_s, "1/s"), "p50_ms": (p50, "ms"), "p99_ms": (p99, "ms"),
-                   "checked": (p.checks.checked, ""), "wrong": (p.checks.wrong, ""),
-                   "max_rel_err": (p.checks.worst, ""), "exceptions": (p.exceptions, "")}  # fmt: skip
-        optional = {"ratio_vs_1_thread": (ratio, "x"), "first_call_s": (p.first_call_s, "s"),
-                    "mem_after_first_bytes": (p.mem_after, "B"), "mem_end_bytes": (p.mem_end, "B"),
-                    "mem_growth": (p.growth, "")}  # fmt: skip
-        metrics |= {k: v for k, v in optional.items() if v[0] is not None}
-        params = {"target": plan.target, "callable": plan.kind, "preset": plan.preset, "cuda_graphs": plan.cuda_graphs,
-                  "start": start, "threads": p.threads, "seconds": plan.seconds, "input_sets": plan.input_sets,
-                  **({"error": p.first_error} if p.first_error else {})}  # fmt: skip
-        rows += make_rows("load", case, f"{variant}, {p.threads} thread{'s' * (p.threads != 1)}", metrics, params)
-        growth = "n/a" if p.growth is None else f"{p.growth:+.1%}"
-        table.append([p.threads, p.calls_per_s, p.timed.items / p.wall_s, ratio, p50, p99,
-                      f"{p.checks.wrong}/{p.checks.checked}", p.exceptions, growth, p.first_call_s])  # fmt: skip
-    headers = ["threads", "calls/s", "items/s", "x 1 thread", "p50 ms", "p99 ms", "wrong/checked", "exceptions",
-               "GPU mem growth", "cold 1st call s"]  # fmt: skip
-    about = f"{variant} on {case}: {plan.input_sets} input sets, {plan.seconds:g} s per thread count"
-    wrong, checked = sum(p.checks.wrong for p in points), sum(p.checks.checked for p in points)
-    raised = sum(p.exceptions for p in points)
-    first = next((p.first_error for p in points if p.first_error), None)
-    notes = [f"first exception: {first}"] if first else []
-    failure = None
-    if wrong or raised:
-        failure = f"{wrong} wrong output{'s' * (wrong != 1)} of {checked} checked and {raised} "
-        failure += f"exception{'s' * (raised != 1)} from {variant}" + (f" (first: {first})" if first else "")
-    return rows, "\n".join([about, format_table(headers, table), *notes]), failure
+    table, notes, failed = [], [], []
+    for kind, points in results.items():
+        variant = f"{plan.label(kind)}, {start}"
+        base = next((p.calls_per_s for p in points if p.threads == 1), None)
+        for p in points:
+            lat = sorted(p.timed.latencies) or [math.nan]
+            p50, p99 = quantile(lat, 0.5) * 1e3, quantile(lat, 0.99) * 1e3
+            ratio = p.calls_per_s / base if base else None
+            metrics = {"calls": (p.timed.calls, ""), "calls_per_s": (p.calls_per_s, "1/s"),
+                       "items_per_s": (p.timed.items / p.wall_s, "1/s"), "p50_ms": (p50, "ms"),
+                       "p99_ms": (p99, "ms"), "checked": (p.checks.checked, ""), "wrong": (p.checks.wrong, ""),
+                       "max_rel_err": (p.checks.worst, ""), "exceptions": (p.exceptions, "")}  # fmt: skip
+            optional = {"ratio_vs_1_thread": (ratio, "x"), "first_call_s": (p.first_call_s, "s"),
+                        "mem_after_first_bytes": (p.mem_after, "B"), "mem_end_bytes": (p.mem_end, "B"),
+                        "mem_growth": (p.growth, "")}  # fmt: skip
+            metrics |= {k: v for k, v in optional.items() if v[0] is not None}
+            params = {"target": plan.target, "callable": kind, "preset": plan.preset, "cuda_graphs": plan.cuda_graphs,
+                      "start": start, "threads": p.threads, "seconds": plan.seconds, "input_sets": plan.input_sets,
+                      **({"error": p.first_error} if p.first_error else {})}  # fmt: skip
+            threads = f"{p.threads} thread{'s' * (p.threads != 1)}"
+            rows += make_rows("load", case, f"{variant}, {threads}", metrics, params)
+            growth = "n/a" if p.growth is None else f"{p.growth:+.1%}"
+            table.append([plan.label(kind), p.threads, p.calls_per_s, p.timed.items / p.wall_s, ratio, p50, p99,
+                          f"{p.checks.wrong}/{p.checks.checked}", p.exceptions, growth, p.first_call_s])  # fmt: skip
+        checks, raised = total([p.checks for p in points]), sum(p.exceptions for p in points)
+        first = next((p.first_error for p in points if p.first_error), None)
+        if first:
+            notes.append(f"{variant}: first exception: {first}")
+        if checks.wrong or raised:
+            wrong = f"{checks.wrong} wrong output{'s' * (checks.wrong != 1)} of {checks.checked}"
+            failed.append(f"{variant}: {wrong}, {raised} exception{'s' * (raised != 1)}")
+    headers = ["callable", "threads", "calls/s", "items/s", "x 1 thread", "p50 ms", "p99 ms", "wrong/checked",
+               "exceptions", "GPU mem growth", "cold 1st call s"]  # fmt: skip
+    about = f"{case}, {start} start: {plan.input_sets} input sets, {plan.seconds:g} s per thread count"
+    text = "\n".join([about, format_table(headers, table), *notes])
+    return rows, text, "; ".join(failed) or None
 
 
 def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
     plan = plan_from(args)
     device, say = torch.device(plan.device), sources.progress
+    results: dict[str, list[Point]] = {}
     with tempfile.TemporaryDirectory(prefix="fullgraph-load-") as work:
-        say(f"{plan.target}: the model and its {plan.label} callable")
-        open_callable, example = opener(plan, sources, work)
-        sets = input_sets(example, plan.input_sets, shorter=plan.kind == "bucketed")
-        points, driver = [], None
-        for n in plan.threads:
-            if plan.cold or driver is None:
-                if plan.cold:
-                    torch._dynamo.reset()  # Dynamo's code caches outlive a callable: cold means none
-                driver = Driver(open_callable(), sets, device)
-            points.append(measure_point(plan, driver, n, say))
-    return report(plan, example, points)
+        say(f"{plan.target}: the model and its inputs")
+        model, example = load_model(plan, sources)
+        for kind in plan.kinds:
+            say(f"{plan.label(kind)}: the callable")
+            open_callable = opener(plan, kind, model, example, sources, work)
+            sets = input_sets(example, plan.input_sets, shorter=kind == "bucketed")
+            driver, results[kind] = None, []
+            for n in plan.threads:
+                if plan.cold or driver is None:
+                    driver = None
+                    torch._dynamo.reset()  # Dynamo's code caches outlive a callable: a fresh one starts from none
+                    driver = Driver(open_callable(), sets, device)
+                results[kind].append(measure_point(plan, driver, n, say))
+            driver = None  # the next kind's memory readings start without this one's graphs
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return report(plan, example, results)
