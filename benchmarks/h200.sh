@@ -2,7 +2,8 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma (default: env tests ceilings ops)
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load
+#   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -106,6 +107,41 @@ for step in $steps; do
       ;;
     vit-tma)  # issue 14: timm and ours at b256 default and b4 reduce-overhead; autotuned with persistent TMA; ours under pinned op policies
       $py benchmarks/vit_probe.py --tma --policies ${VIT_TMA_ARGS:-} --csv "$OUT/vit_tma_h200.csv" 2>&1 | tee "$OUT/vit_tma.txt" | tail -20
+      ;;
+    load)  # issue 31: each callable from 1, 4 and 16 threads, warm and cold; any wrong output or exception fails a run
+      # LOAD_MODELS (of benchmarks/targets/serve.py), LOAD_CALLABLES (compiled bucketed precompiled package
+      # package-cuda-graphs), LOAD_STARTS (warm cold), LOAD_SECONDS (10) and LOAD_THREADS (1,4,16) warm,
+      # LOAD_COLD_SECONDS (3) and LOAD_COLD_THREADS (4,16) cold. Each package is exported once into LOAD_PACKAGES
+      # (out/load-packages: outside $OUT, kept while the machine stays warm) and serves both starts, with and without
+      # --cuda-graphs. Writes $OUT/load_h200.csv and $OUT/load_h200.txt; failed runs are listed last. Time, estimated:
+      # 6-7 min per model at these defaults (timed phases 3 min, the export 1-2 min): one model per device call.
+      wanted=" ${LOAD_CALLABLES:-compiled bucketed precompiled package package-cuda-graphs} "
+      pkgs=${LOAD_PACKAGES:-out/load-packages}
+      mkdir -p "$pkgs"
+      failed=()
+      for model in ${LOAD_MODELS:-vit_s16_b4 vit_b16_b64 dit_b_1024}; do
+        target=benchmarks/targets/serve.py:$model pkg=$pkgs/$model.pt2
+        kinds=$(for k in compiled bucketed precompiled package; do [[ $wanted == *" $k "* ]] && printf %s, $k; done)
+        kinds=${kinds%,}
+        if [[ $wanted == *" package"* && ! -s $pkg ]]; then
+          echo "--- $model: export $(date -u +%H:%M:%S)" | tee -a "$OUT/load_h200.txt"
+          $py -m fullgraph export "$target" --preset perception --no-check -o "$pkg" 2>&1 | tee -a "$OUT/load_h200.txt" | tail -3
+        fi
+        for start in ${LOAD_STARTS:-warm cold}; do
+          if [ "$start" = cold ]; then timing="--cold --threads ${LOAD_COLD_THREADS:-4,16} --seconds ${LOAD_COLD_SECONDS:-3}"
+          else timing="--threads ${LOAD_THREADS:-1,4,16} --seconds ${LOAD_SECONDS:-10}"; fi
+          runs=()  # each: TARGET and its flags
+          [ -n "$kinds" ] && runs+=("$target --callable $kinds$([[ $kinds == *package* ]] && echo " --package $pkg")")
+          [[ $wanted == *" package-cuda-graphs "* ]] && runs+=("$pkg --cuda-graphs")
+          for r in "${runs[@]}"; do
+            echo "--- $model $start: $r $(date -u +%H:%M:%S)" | tee -a "$OUT/load_h200.txt"
+            # shellcheck disable=SC2086 # $r and $timing are word lists
+            $py -m fullgraph bench load $r $timing --csv "$OUT/load_h200.csv" 2>&1 | tee -a "$OUT/load_h200.txt" \
+              | grep -v '^\[' | tail -22 || failed+=("$model $start: $r")
+          done
+        done
+      done
+      echo "load: ${#failed[@]} failed run(s)"; for f in "${failed[@]}"; do echo "  FAILED $f"; done
       ;;
     grad-mode)
       $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"
