@@ -52,40 +52,66 @@ def _trees_module() -> Any:
     return module
 
 
+_tree_local: list[Any] = []  # cudagraph_trees.local, once read
+
+
+def _trees_local() -> Any:
+    if not _tree_local:
+        _tree_local.append(_trees_module().local)
+    return _tree_local[0]
+
+
 class _Shared:
     """A readers-writer lock over the settings torch keeps process-wide: shared by ordinary calls, exclusive for a
-    call that changes one of them. Re-entrant per thread in both modes (a model called inside another's forward)."""
+    call that changes one of them. Re-entrant per thread in both modes (a model called inside another's forward);
+    a thread's nested shared holds count once. The shared path is one lock round trip: it is on every call's path."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._readers = 0  # threads holding it shared
         self._writer: int | None = None
         self._writer_depth = 0
         self._writers_waiting = 0  # new shared holds wait behind them, so a stream of calls cannot starve one
-        self._mine = threading.local()  # this thread's shared holds
+        self._mine = threading.local()  # .n: this thread's shared holds
 
     def acquire(self, exclusive: bool) -> None:
+        mine = self._mine
+        n = getattr(mine, "n", 0)
+        if not exclusive:
+            if n:  # nested in this thread's own shared hold: counted once already
+                mine.n = n + 1
+                return
+            with self._lock:
+                if self._writer is None and not self._writers_waiting:
+                    self._readers += 1
+                    mine.n = 1
+                    return
         me = threading.get_ident()
         with self._cond:
             if self._writer == me:  # nested in this thread's exclusive hold
                 self._writer_depth += 1
                 return
-            own = getattr(self._mine, "n", 0)
             if exclusive:
                 self._writers_waiting += 1
                 try:
-                    while self._writer is not None or self._readers > own:
+                    while self._writer is not None or self._readers > (1 if n else 0):
                         self._cond.wait()
                 finally:
                     self._writers_waiting -= 1
                 self._writer, self._writer_depth = me, 1
-            else:  # a thread already holding it shared goes on: waiting there could wait for itself
-                while self._writer is not None or (self._writers_waiting and not own):
+            else:
+                while self._writer is not None or self._writers_waiting:
                     self._cond.wait()
                 self._readers += 1
-                self._mine.n = getattr(self._mine, "n", 0) + 1
+                mine.n = 1
 
     def release(self) -> None:
+        mine = self._mine
+        n = getattr(mine, "n", 0)
+        if n > 1:
+            mine.n = n - 1
+            return
         with self._cond:
             if self._writer == threading.get_ident():
                 self._writer_depth -= 1
@@ -93,9 +119,9 @@ class _Shared:
                     self._writer = None
                     self._cond.notify_all()
                 return
+            mine.n = 0
             self._readers -= 1
-            self._mine.n -= 1
-            if self._readers <= 1:  # a writer may be waiting for none, or for its own shared hold alone
+            if self._writers_waiting and self._readers <= 1:  # a writer waits for none, or for its own hold alone
                 self._cond.notify_all()
 
 
@@ -138,11 +164,9 @@ class CallGuard:
         self._depth += 1
         if self.graph_trees and self._depth == 1:
             try:
-                local = _trees_module().local
-                self._saved.append(
-                    (local.__dict__.get("tree_manager_containers"), local.__dict__.get("tree_manager_locks"))
-                )
-                local.tree_manager_containers, local.tree_manager_locks = self.trees
+                mine = _trees_local().__dict__  # the calling thread's
+                self._saved.append((mine.get("tree_manager_containers"), mine.get("tree_manager_locks")))
+                mine["tree_manager_containers"], mine["tree_manager_locks"] = self.trees
             except BaseException:
                 self._depth -= 1
                 self.lock.release()
@@ -153,12 +177,12 @@ class CallGuard:
         try:
             if self._saved and self._depth == 1:
                 containers, locks = self._saved.pop()
-                local = _trees_module().local
-                for name, value in (("tree_manager_containers", containers), ("tree_manager_locks", locks)):
-                    if value is None:
-                        local.__dict__.pop(name, None)
-                    else:
-                        setattr(local, name, value)
+                mine = _trees_local().__dict__
+                if containers is None:
+                    mine.pop("tree_manager_containers", None)
+                    mine.pop("tree_manager_locks", None)
+                else:
+                    mine["tree_manager_containers"], mine["tree_manager_locks"] = containers, locks
         finally:
             self._depth -= 1
             self.lock.release()

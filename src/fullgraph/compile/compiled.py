@@ -158,7 +158,7 @@ class CompiledModel(nn.Module):
 
     def _process(self, warming: bool) -> process_settings:
         """Alone in the process when this call sets a setting torch keeps process-wide (see the module docstring)."""
-        if self._eager:
+        if self._eager or not (self._trace is not None or self._parts_config or self._strict or self._resolved.dynamo):
             return _SHARED
         alone = self._trace is not None or self._parts_config or (self._strict and self._warmed and not warming)
         dynamo = self._resolved.dynamo
