@@ -20,6 +20,7 @@ import fullgraph
 from fullgraph import serving
 from fullgraph.compile import Bucketed, graphs
 from fullgraph.compile.graphs import GraphedCall
+from tests.skips import requires_cuda
 
 THREADS = 8
 
@@ -373,3 +374,53 @@ def test_the_guard_points_the_threads_graph_tree_state_at_its_own_and_back():
     with guard:
         assert trees.local.tree_manager_containers is guard.trees[0]
     assert trees.local.tree_manager_containers is mine
+
+
+@requires_cuda
+def test_perception_on_cuda_from_eight_threads_cold_then_warm():
+    """The real CUDA-graph trees: first calls from eight threads (torch 2.11 asserted in a thread other than the one
+    that imported them), then warm calls whose outputs a later replay would overwrite without the copy."""
+    torch._dynamo.reset()
+    torch.manual_seed(6)
+    model = Net(64).cuda().eval()
+    inputs = [torch.randn(4, 64, device="cuda") for _ in range(THREADS)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    cm = fullgraph.compile(model, "perception")
+    results, errors = hammer(cm, inputs, rounds=20, pause=0.001)
+    assert not errors, errors[:1]
+    assert wrong(results, expected) == 0 and cm.stats.frames_compiled == 1
+
+
+@requires_cuda
+def test_graphed_call_on_cuda_from_eight_threads():
+    torch.manual_seed(7)
+    w = torch.randn(64, 64, device="cuda")
+    graphed = GraphedCall(lambda x: torch.tanh(x @ w) + x, name="threads")
+    inputs = [torch.randn(4, 64, device="cuda") for _ in range(THREADS)]
+    expected = [torch.tanh(x @ w) + x for x in inputs]
+    results, errors = hammer(graphed, inputs, rounds=20, pause=0.001)
+    assert not errors and len(graphed.graphs) == 1
+    assert wrong(results, expected) == 0
+
+
+@requires_cuda
+def test_out_of_memory_within_the_declared_range_names_the_batch_and_the_next_call_is_right():
+    torch._dynamo.reset()
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.GELU(), nn.Linear(4096, 4096)).cuda().eval()
+    cm = fullgraph.compile(model, "perception", dynamic={"x": {0: (1, 1 << 17)}})
+    small = torch.randn(8, 4096, device="cuda")
+    cm(small)
+    cm(small)
+    total = torch.cuda.mem_get_info()[1]
+    cap = (torch.cuda.memory_reserved() + (512 << 20)) / total  # room for a few MiB of activations, not 2 GiB
+    torch.cuda.set_per_process_memory_fraction(cap)
+    try:
+        with pytest.raises(serving.OutOfMemoryError, match=r"out of GPU memory for inputs 131072x4096:float32@cuda "
+                           r"\(.* GiB free of .* GiB on cuda"):  # fmt: skip
+            cm(torch.randn(1 << 17, 4096, device="cuda"))
+        with torch.no_grad():
+            torch.testing.assert_close(cm(small), model(small))
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

@@ -106,3 +106,27 @@ def test_a_policy_block_is_its_threads_alone():
     t.start()
     t.join()
     assert got == ["native"]
+
+
+def test_compiled_code_guards_on_the_threads_policy_block():
+    """Dynamo traces the thread-local context entries and guards on them, as it did on the process dict."""
+    import threading
+
+    import torch
+
+    def f(x):
+        return x + 1 if pol.effective("rms_norm") == "kernel" else x - 1
+
+    cf = torch.compile(f, fullgraph=True, backend="eager")
+    x = torch.zeros(2)
+    got = {}
+
+    def worker():
+        with pol.policy(rms_norm="kernel"):
+            got["worker"] = cf(x)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    got["main"] = cf(x)
+    assert got["worker"].tolist() == [1.0, 1.0] and got["main"].tolist() == [-1.0, -1.0]
