@@ -142,3 +142,25 @@ def test_export_checks_the_package_and_load_runs_it_in_a_fresh_process(target, t
     assert "do not fit" in msg and "input_handles[0]: unmatched dim value at 0, expected: 2, but got: 3" in msg
     assert main(["load", str(package), "--input", "2x65x32", "--input", "2x32"]) == 2
     assert "expected to be <= 64, but got: 65" in last_error(capsys, "load")
+
+
+def test_load_with_inputs_that_do_not_fit_is_exit_2_whatever_words_the_runtime_uses(
+    target, tmp_path, capsys, monkeypatch
+):
+    # On the H200 the runtime refuses them with a generic `run_func_(container_handle_, ...)` error: the inputs the
+    # package records tell what happened. The package here is a stand-in that fails as that runtime does.
+    from fullgraph.deploy import package
+    from tests.deploy.test_package import RUN_FUNC, fake_package, probe_with, raising
+
+    meta = {"fullgraph_inputs": "4x8:float32@cpu", "fullgraph_dynamic": "{}", "fullgraph_flat_dynamic": "{}"}
+    path = fake_package(tmp_path / "mlp.pt2", **meta)
+    probe_with(monkeypatch, "pass")
+    monkeypatch.setattr(package, "open_package", lambda *args, **kwargs: raising(RuntimeError(RUN_FUNC)))
+    assert main(["load", str(path), "--input", "8x8"]) == 2
+    msg = last_error(capsys, "load")
+    assert "these inputs (8x8:float32@cpu) do not fit" in msg and "(dim 0 of input 0 is 8, exported fixed at 4)" in msg
+    assert "exported for 4x8:float32@cpu, every dim fixed" in msg and "run_func_" not in msg
+    assert main(["load", str(path), "--input", "4x8"]) == 1  # inputs that fit: the failure is the work's, exit 1
+    assert re.search(
+        r"mlp\.pt2 loaded but failed on inputs 4x8:float32\S*: RuntimeError: run_func_", last_error(capsys, "load")
+    )

@@ -2,6 +2,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -11,9 +12,12 @@ import torch
 
 import fullgraph
 from fullgraph import env
+from fullgraph.compile.graphs import GraphedCall
 from fullgraph.deploy import DeployError, build, export, inspect_package, load, package, probe
 from fullgraph.errors import UsageError
+from fullgraph.serving import OutOfMemoryError
 from tests.deploy._models import MLP
+from tests.deploy._threads import threaded
 
 CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
 
@@ -221,3 +225,93 @@ def test_a_package_built_with_a_preset_records_it_and_matches_eager(tmp_path):
     assert loaded.metadata["fullgraph_preset"] == "fusion"
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+# ---- faults and threads (issue 31) -------------------------------------------------------------------------------
+
+# What AOTInductor's runtime raises on the H200 for inputs its checks refuse (and for an out-of-memory inside it).
+RUN_FUNC = "run_func_( container_handle_, input_handles.data(), ...) API call failed at model_container_runner.cpp"
+
+
+def raising(error: BaseException):
+    def model(*args, **kwargs):
+        raise error
+
+    return model
+
+
+def stand_in(model, metadata=None) -> package.LoadedPackage:
+    """A LoadedPackage around `model`, recording the inputs `export` records for a batch-4 MLP."""
+    meta = {"fullgraph_inputs": "4x8:float32@cpu", "fullgraph_dynamic": "{}", "fullgraph_flat_dynamic": "{}"}
+    return package.LoadedPackage("/pkgs/mlp.pt2", "0" * 64, {**meta, **(metadata or {})}, model)
+
+
+@pytest.mark.slow
+def test_inputs_that_do_not_fit_are_a_usage_error_naming_the_exported_shapes(mlp_package):
+    path, _ = mlp_package
+    loaded = load(path, probe_first=False)
+    with pytest.raises(UsageError, match=r"do not fit .*mlp\.pt2 .*exported for 4x8:float32@cpu, every dim fixed"):
+        loaded(torch.randn(8, 8))
+
+
+@pytest.mark.parametrize("graphed", [False, True], ids=["plain", "cuda_graphs"])
+def test_a_runtimes_generic_error_is_told_apart_by_the_recorded_inputs(graphed):
+    model = raising(RuntimeError(RUN_FUNC))
+    loaded = stand_in(GraphedCall(model) if graphed else model)  # GraphedCall: the path of load(cuda_graphs=True)
+    with pytest.raises(UsageError) as e:
+        loaded(torch.randn(8, 8))
+    msg = str(e.value)
+    assert "these inputs (8x8:float32@cpu) do not fit /pkgs/mlp.pt2 (dim 0 of input 0 is 8, exported fixed at 4)" in msg
+    assert "exported for 4x8:float32@cpu, every dim fixed" in msg and "\n" not in msg
+    with pytest.raises(RuntimeError, match=r"run_func_") as raw:  # inputs that fit: the failure is something else
+        loaded(torch.randn(4, 8))
+    assert not isinstance(raw.value, UsageError)
+    dynamic = stand_in(
+        model, {"fullgraph_dynamic": '{"x": {"0": [1, 64]}}', "fullgraph_flat_dynamic": '{"0": {"0": [1, 64]}}'}
+    )
+    with pytest.raises(RuntimeError, match=r"run_func_"):
+        dynamic(torch.randn(9, 8))  # within the declared range
+    with pytest.raises(UsageError, match=r"dim 0 of input 0 is 65, outside its declared range 1\.\.64"):
+        dynamic(torch.randn(65, 8))
+
+
+def test_out_of_memory_in_a_package_call_names_the_inputs(monkeypatch):
+    loaded = stand_in(raising(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
+    with pytest.raises(OutOfMemoryError, match=r"^/pkgs/mlp\.pt2: out of GPU memory for inputs 4x8:float32@cpu; "):
+        loaded(torch.randn(4, 8))
+    # On a GPU the runtime passes an out-of-memory on as its generic error: torch's count of them tells.
+    counts = iter([0, 1])
+    monkeypatch.setattr(package, "cuda_device", lambda args, kwargs: torch.device("cuda", 0))
+    monkeypatch.setattr(package.OomCount, "read", staticmethod(lambda device: next(counts)))
+    generic = stand_in(raising(RuntimeError(RUN_FUNC)))
+    generic._ooms.start(torch.device("cuda", 0))
+    with pytest.raises(OutOfMemoryError, match=r"out of GPU memory for inputs 4x8:float32@cpu"):
+        generic(torch.randn(4, 8))
+
+
+@pytest.mark.slow
+def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_package):
+    path, _ = mlp_package
+    loaded = load(path, probe_first=False)
+    inputs = [torch.randn(4, 8) for _ in range(16)]
+    cold = threaded(loaded, inputs[:8], rounds=1)  # the first calls, all at once
+    with torch.no_grad():
+        refs = [loaded(x) for x in inputs]
+    warm = threaded(loaded, inputs, rounds=25)
+    for got in (cold, warm):
+        assert got["exceptions"] == [] and got["calls"] > 0
+        assert [i for i, out in got["outputs"] if not torch.equal(out, refs[i])] == []
+
+
+def test_two_processes_updating_one_memo_keep_every_entry(tmp_path):
+    memo = tmp_path / "cache" / package.PROBE_FILE
+    code = (
+        "import sys; from fullgraph.deploy import package\n"
+        "for k in range(120): package.remember(sys.argv[1], f'{sys.argv[2]}-{k}', {'ok': True, 'k': k})\n"
+    )
+    children = [subprocess.Popen([sys.executable, "-c", code, str(memo), f"p{n}"]) for n in range(4)]
+    assert [c.wait(timeout=120) for c in children] == [0, 0, 0, 0]
+    saved = json.loads(memo.read_text())
+    missing = [f"p{n}-{k}" for n in range(4) for k in range(120) if f"p{n}-{k}" not in saved]
+    assert missing == [] and len(saved) == 480
+    assert sorted(p.name for p in memo.parent.iterdir()) == [package.PROBE_FILE, package.PROBE_FILE + ".lock"]

@@ -4,6 +4,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import torch
 from fullgraph.deploy import DeployError
 from fullgraph.deploy import precompile as pre
 from fullgraph.deploy._common import environment
+from fullgraph.serving import OutOfMemoryError
 from tests.deploy._models import Linears, linears
+from tests.deploy._threads import threaded
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_api = pytest.mark.skipif(pre.unsupported_reason() is not None, reason=pre.unsupported_reason() or "")
@@ -67,7 +70,7 @@ def test_a_fresh_process_runs_the_precompiled_model_without_tracing_or_compiling
     meta = pre.save_precompiled(model, (x,), tmp_path / "linears.fgpre")
     assert (meta.model, meta.signature) == ("tests.deploy._models.Linears", "4x8:float32@cpu")
     assert (tmp_path / "linears.fgpre").stat().st_mode & 0o777 == 0o644
-    assert not list(tmp_path.glob(".fullgraph-precompile-*")), "the private work folder was left behind"
+    assert not list(tmp_path.glob(".linears.fgpre.tmp-*")), "the private work folder was left behind"
 
     empty = tmp_path / "inductor-load"  # nothing compiled is there: all of it must come from the file
     child_env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(empty), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
@@ -173,3 +176,65 @@ def test_an_older_torch_is_named_with_the_version_needed(monkeypatch):
     assert reason is not None and "needs torch 2.11 or later" in reason and "this is torch 2.10.0+cu128" in reason
     with pytest.raises(DeployError, match=r"needs torch 2\.11 or later"):
         pre.save_precompiled(Linears(), (torch.randn(4, 8),), "unused.fgpre")
+
+
+# ---- many threads, out of memory (issue 31) ---------------------------------------------------------------------
+
+
+@needs_api
+@pytest.mark.slow
+def test_a_precompiled_model_called_from_8_threads_gives_each_caller_its_own_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, (x,) = linears()
+    pre.save_precompiled(model, (x,), tmp_path / "m.fgpre")
+    loaded = pre.load_precompiled(tmp_path / "m.fgpre", model)
+    inputs = [torch.randn(4, 8) for _ in range(16)]
+    cold = threaded(loaded, inputs[:8], rounds=1)  # the first calls, all at once
+    refs = [loaded(x) for x in inputs]
+    warm = threaded(loaded, inputs, rounds=25)
+    for got in (cold, warm):
+        assert got["exceptions"] == [] and got["calls"] == (8 if got is cold else 16 * 25)
+        assert [i for i, out in got["outputs"] if not torch.equal(out, refs[i])] == []
+
+
+class OneBuffer:
+    """A stand-in for precompiled code that replays a CUDA graph: every call writes its result into the same
+    output memory and returns it (as torch's CUDA-graph trees do), slowly enough for threads to overlap."""
+
+    def __init__(self) -> None:
+        self.out = torch.zeros(4, 8)
+
+    def __call__(self, model, x):
+        self.out.copy_(x * 2)
+        time.sleep(0.0005)
+        return self.out
+
+
+def graphed_stand_in(tmp_path, compiled) -> pre.PrecompiledModel:
+    meta = pre.PrecompiledMeta(**environment(), python=platform.python_version(), model="tests.deploy._models.Linears",
+                               signature="4x8:float32@cpu", cuda_graphs=True)  # fmt: skip
+    return pre.PrecompiledModel(str(tmp_path / "m.fgpre"), meta, Linears(), compiled)
+
+
+@needs_api
+def test_outputs_of_replayed_graphs_are_copied_out_under_the_models_lock(tmp_path):
+    fake = OneBuffer()
+    loaded = graphed_stand_in(tmp_path, fake)
+    inputs = [torch.randn(4, 8) for _ in range(16)]
+    got = threaded(loaded, inputs, rounds=10)
+    assert got["exceptions"] == [] and got["calls"] == 160
+    assert [i for i, out in got["outputs"] if not torch.equal(out, inputs[i] * 2)] == []
+    assert all(out is not fake.out for _, out in got["outputs"])
+    with loaded.borrow(inputs[0]) as out:  # no copy: the graph's own output, valid while the lock is held
+        assert out is fake.out and torch.equal(out, inputs[0] * 2)
+
+
+@needs_api
+def test_out_of_memory_in_a_precompiled_call_names_the_inputs(tmp_path):
+    def out_of_memory(model, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    loaded = graphed_stand_in(tmp_path, out_of_memory)
+    with pytest.raises(OutOfMemoryError, match=r"m\.fgpre: out of GPU memory for inputs 64x8:float32@cpu; call it"):
+        loaded(torch.randn(64, 8))
+    assert not loaded._guard.lock._is_owned()  # the lock is released for the next call

@@ -7,8 +7,9 @@ inputs given or, by default, on random inputs shaped as those it was exported wi
 first call's time, the steady time and the output shapes.
 
 Exit codes: 2 for a command line that cannot be used as given (a bad spec or flag, a TARGET that does not import,
-a file that does not exist), before anything is built; 1 when the work itself fails (torch.export cannot capture
-the model, a package is refused, crashes its probe or fails on its inputs, an output past the tolerance).
+a file that does not exist, inputs that do not fit the package's exported shapes), before anything is built or
+run; 1 when the work itself fails (torch.export cannot capture the model, a package is refused, crashes its probe
+or fails on its inputs, an output past the tolerance, the disk full while the package is written).
 Both print one line on stderr; `fullgraph --verbose` adds the traceback.
 """
 
@@ -66,15 +67,16 @@ def _failed(args, e: Exception) -> int:
 
 def deploy_errors_exit_1(command: Callable[[Any], int]) -> Callable[[Any], int]:
     """`command` with its DeployError (work that failed: a package refused or crashing its probe, a child process
-    that failed) as one line and exit 1, through `_failed`."""
+    that failed) and DiskFullError (a save that found no room) as one line and exit 1, through `_failed`."""
 
     @functools.wraps(command)
     def run(args) -> int:
+        from fullgraph._files import DiskFullError
         from fullgraph.deploy import DeployError
 
         try:
             return command(args)
-        except DeployError as e:
+        except (DeployError, DiskFullError) as e:
             return _failed(args, e)
 
     return run

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import stat
 from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO, TypeVar
@@ -19,6 +18,7 @@ from typing import Any, BinaryIO, TypeVar
 import torch
 
 from fullgraph import env
+from fullgraph._files import write_atomic_bytes
 from fullgraph._paths import display_path
 from fullgraph._version import __version__
 from fullgraph.errors import FullgraphError
@@ -106,24 +106,10 @@ def open_trusted(path: str | os.PathLike, what: str) -> BinaryIO:
 
 
 def write_private(path: str | os.PathLike, chunks: Iterable[bytes]) -> None:
-    """Write `chunks` to `path` whole or not at all (beside it, then renamed over it), with mode 0644 whatever the
-    umask: a file that others can write would be refused by the loader."""
-    path = os.fspath(path)
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)
-            for chunk in chunks:
-                f.write(chunk)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write `chunks` to `path` whole or not at all (`fullgraph._files.write_atomic_bytes`: beside it, then renamed
+    over it; a full disk is a DiskFullError), with mode 0644 whatever the umask: a file that others can write would
+    be refused by the loader."""
+    write_atomic_bytes(path, chunks, mode=0o644)
 
 
 Meta = TypeVar("Meta")

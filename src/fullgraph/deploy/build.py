@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from fullgraph._files import disk_full, temp_dir_beside
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
 from fullgraph.compile.options import resolve
@@ -158,6 +158,7 @@ def export(
         "torch": here["torch"],
         "inputs": input_signature(args),
         "dynamic": json.dumps(declared),
+        "flat_dynamic": json.dumps(_flat_dynamic(model, args, declared)),
         "preset": " ".join(x for x in (preset, mode) if x),
     }
     configs = {
@@ -166,11 +167,11 @@ def export(
         **_lowerbound(declared),
         "aot_inductor.metadata": {META_PREFIX + k: v for k, v in meta.items()},
     }
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     # Built in a private folder beside `path` under its final name (the archive's inner folder is named after
-    # the file), then renamed into place: a reader never sees half a package.
-    work = tempfile.mkdtemp(prefix=".fullgraph-export-", dir=folder)
+    # the file), then renamed into place: a reader never sees half a package. A killed build's folder is removed
+    # by the next export to the same path (fullgraph._files.sweep_stale).
+    work = temp_dir_beside(path)
     try:
         built = torch._inductor.aoti_compile_and_package(
             program, package_path=os.path.join(work, os.path.basename(path)), inductor_configs=configs
@@ -178,9 +179,29 @@ def export(
         _check_built(built, path)
         os.chmod(built, 0o644)
         os.replace(built, path)
+    except Exception as e:  # a full disk during the build is named as such; the rest as it comes
+        full = disk_full(path, e)
+        if full is None:
+            raise
+        raise full from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return path
+
+
+def _flat_dynamic(model: torch.nn.Module, args: tuple, declared: Mapping[str, Mapping[str, list[int]]]) -> dict:
+    """The declared dynamic dims by the index of their tensor among the inputs ({"0": {"0": [1, 64]}}), as
+    `input_signature` lists them: how `LoadedPackage` tells inputs that do not fit from a failure of another kind."""
+    if not declared:
+        return {}
+    named = inspect.signature(model.forward).bind(*args).arguments
+    leaves, _ = pytree.tree_flatten_with_path(dict(named))
+    tensors = [(_render(keypath), value) for keypath, value in leaves if isinstance(value, torch.Tensor)]
+    out = {}
+    for i, (p, t) in enumerate(tensors):
+        if p in declared:
+            out[str(i)] = {str(int(d) % t.ndim): r for d, r in declared[p].items()}
+    return out
 
 
 def _where(e: BaseException) -> str:

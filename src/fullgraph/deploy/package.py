@@ -10,7 +10,8 @@ process down:
    segmentation fault in `aoti_load_package`);
 2. a loader can still crash in native code for causes not checked here, so the package is first loaded in a
    child process; its verdict is kept per file
-   content (sha256), torch and device in `<fullgraph cache dir>/aoti_probes.json`, so the probe runs once per file;
+   content (sha256), torch and device in `<fullgraph cache dir>/aoti_probes.json`, so the probe runs once per file
+   (updated under a file lock, `remember`: processes loading packages at once keep each other's verdicts);
 3. only a package whose probe passed is loaded here, by torch's C++ package loader directly (`open_package`), with
    the package's input checks on (`CHECK_INPUTS_ENV`): inputs that do not fit raise a UsageError.
 
@@ -41,13 +42,15 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fullgraph import env
-from fullgraph._files import write_atomic
+from fullgraph._files import locked, write_atomic
 from fullgraph._paths import display_path
 from fullgraph.compile.graphs import GraphedCall
 from fullgraph.deploy import _elf
+from fullgraph.deploy._calls import OomCount, cuda_device, dynamic_ranges, misfit
 from fullgraph.deploy._common import DeployError, cache_dir, environment, input_signature, open_trusted
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
+from fullgraph.serving import OutOfMemoryError, out_of_memory
 
 PROBE_FILE = "aoti_probes.json"
 PROBE_TIMEOUT_S = 300.0
@@ -85,9 +88,7 @@ def _content_sha(f) -> str:
     if isinstance(memo.get(key), str):
         return memo[key]
     sha = _sha256(f)
-    memo[key] = sha
-    with contextlib.suppress(OSError):  # a read-only cache folder costs a hash per load, nothing more
-        write_atomic(file, json.dumps(dict(list(memo.items())[-_SHA_MEMO_SIZE:]), indent=1))
+    remember(file, key, sha, keep=_SHA_MEMO_SIZE)  # a read-only cache folder costs a hash per load, nothing more
     return sha
 
 
@@ -276,6 +277,20 @@ def _read_json(file: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def remember(file: str, key: str, value: Any, keep: int | None = None) -> None:
+    """Add `key` to the JSON memo `file` (the probe verdicts, the remembered hashes): read, changed and written
+    atomically under the file's lock (`fullgraph._files.locked`), so that processes loading packages at once keep
+    each other's entries. `keep`: the newest entries kept (None: all, sorted by key). Nothing is remembered where the
+    cache folder cannot be written."""
+    with contextlib.suppress(OSError), locked(file):
+        memo = _read_json(file)
+        memo.pop(key, None)
+        memo[key] = value
+        if keep is not None:
+            memo = dict(list(memo.items())[-keep:])
+        write_atomic(file, json.dumps(memo, indent=1, sort_keys=keep is None))
+
+
 def _exit_text(rc: int) -> str:
     if rc >= 0:
         return f"exit {rc}"
@@ -326,10 +341,7 @@ def _probe(path: str, sha: str, device_index: int, timeout: float, ops: Sequence
     # A pass or a death by signal belongs to this file here; an exit with a Python error may be the environment's
     # (a missing module), so it is probed again next time.
     if done.returncode <= 0:
-        verdicts = _read_json(file)
-        verdicts[key] = verdict
-        with contextlib.suppress(OSError):  # a read-only cache folder costs a probe per load, nothing more
-            write_atomic(file, json.dumps(verdicts, indent=1, sort_keys=True))
+        remember(file, key, verdict)  # a read-only cache folder costs a probe per load, nothing more
     return {**verdict, "cached": False}
 
 
@@ -411,29 +423,54 @@ class LoadedPackage:
         self.custom_ops = tuple(custom_ops)  # ops the package calls through Python ("fullgraph::rms_norm", ...)
         self.verdict = verdict  # the probe's (`probe`), or None when it was skipped
         self._model = model
+        self._graphed = isinstance(model, GraphedCall)
+        self._ooms = OomCount()
+        with contextlib.suppress(Exception):  # the baseline of the device's out-of-memory count (a CUDA package)
+            self._ooms.start(torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's output. Callable from many threads at once: the AOTInductor runner is (0 wrong of 200 calls
+        from 4 threads on the H200), and with cuda_graphs=True, GraphedCall holds its own lock around a replay and
+        the copy of its outputs. Failures are told apart on the error path only (`fullgraph.deploy._calls`)."""
         try:
-            if isinstance(self._model, GraphedCall):
+            if self._graphed:
                 with torch.no_grad():  # GraphedCall captures inference calls only; a package has no autograd anyway
                     return self._model(*args, **kwargs)
             return self._model(*args, **kwargs)
-        except RuntimeError as e:  # the package's own input checks (CHECK_INPUTS_ENV), by their words
-            msg = first_line(e)
-            if "input_handles[" not in msg and "expected inputs vector size" not in msg:
+        except OutOfMemoryError:
+            raise
+        except torch.OutOfMemoryError as e:
+            raise out_of_memory(display_path(self.path), args, kwargs, e) from None
+        except Exception as e:
+            if self._ooms.rose(cuda_device(args, kwargs)):  # the runtime passes one on as a generic RuntimeError
+                raise out_of_memory(display_path(self.path), args, kwargs, e) from None
+            unfit = self._unfit(args, kwargs, first_line(e))
+            if unfit is None:
                 raise
-            dims = self.metadata.get(META_PREFIX + "dynamic")
-            declared = f", dynamic dims {dims}" if dims and dims != "{}" else ", every dim fixed"
-            raise UsageError(
-                f"these inputs ({input_signature(args, kwargs)}) do not fit {display_path(self.path)} ({msg}); it was "
-                f"exported for {self.inputs or 'other inputs'}{declared}: export it again for these inputs or declare "
-                "the dim dynamic (fullgraph.deploy.export(..., dynamic=...))"
-            ) from None
+            raise unfit from None
+
+    def _unfit(self, args: Any, kwargs: Mapping[str, Any], msg: str) -> UsageError | None:
+        """The UsageError for inputs that do not fit the package, named by its own input checks (`msg`, on the CPU)
+        or by comparing them with the inputs it records (a GPU's runtime gives generic words); None when they fit."""
+        given = input_signature(args, kwargs)
+        if "input_handles[" in msg or "expected inputs vector size" in msg:
+            why = msg
+        else:
+            why = misfit(given, self.inputs, dynamic_ranges(self.metadata, META_PREFIX))
+            if why is None:
+                return None
+        dims = self.metadata.get(META_PREFIX + "dynamic")
+        declared = f", dynamic dims {dims}" if dims and dims != "{}" else ", every dim fixed"
+        return UsageError(
+            f"these inputs ({given}) do not fit {display_path(self.path)} ({why}); it was exported for "
+            f"{self.inputs or 'other inputs'}{declared}: export it again for these inputs or declare the dim "
+            "dynamic (fullgraph.deploy.export(..., dynamic=...))"
+        )
 
     @property
     def graphs(self) -> GraphedCall | None:
         """The CUDA-graph wrapper when loaded with cuda_graphs=True (its `.graphs` and `.skipped` per signature)."""
-        return self._model if isinstance(self._model, GraphedCall) else None
+        return self._model if self._graphed else None
 
     @property
     def inputs(self) -> str | None:
@@ -462,7 +499,8 @@ def load(
     most. `device_index` picks the GPU (-1: the current one). `cuda_graphs=True` (a CUDA package) replays each call
     signature from a CUDA graph after its first two calls (`fullgraph.compile.GraphedCall`: the package's kernel
     launches without the host between them, which is what small batches wait on); calls run under no_grad, and the
-    model runs single-threaded (`open_package`): call it from one thread at a time.
+    model runs single-threaded (`open_package`), and GraphedCall serialises its calls. Either way the result is
+    callable from many threads at once (`LoadedPackage.__call__`).
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)

@@ -37,15 +37,16 @@ import json
 import os
 import platform
 import re
-import tempfile
+import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from fullgraph._files import disk_full, temp_dir_beside
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import check_dynamic_spec, declare_dynamic
 from fullgraph.deploy._common import (
@@ -58,6 +59,7 @@ from fullgraph.deploy._common import (
 )
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
+from fullgraph.serving import OutOfMemoryError, copy_out, guard_for, out_of_memory
 
 MAGIC = b"FULLGRAPH-PRECOMPILED\n"
 FORMAT = 1
@@ -82,6 +84,7 @@ class PrecompiledMeta:
     signature: str  # the example inputs, fullgraph.deploy.input_signature
     dynamic: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # {"x": {"0": [2, 64]}}
     mode: str | None = None
+    cuda_graphs: bool = False  # the compiled code replays torch's CUDA-graph trees (a mode or option on a GPU)
     payload_sha256: str = ""
     payload_bytes: int = 0
     created: str = ""
@@ -184,6 +187,7 @@ def save_precompiled(
         signature=input_signature(args),
         dynamic={k: {str(d): list(r) for d, r in v.items()} for k, v in spec.items()},
         mode=mode,
+        cuda_graphs=_replays_graphs(mode, options) and "@cuda" in input_signature(args),
         payload_sha256=hashlib.sha256(payload).hexdigest(),
         payload_bytes=len(payload),
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -193,19 +197,30 @@ def save_precompiled(
     return meta
 
 
+def _replays_graphs(mode: str | None, options: Mapping[str, Any] | None) -> bool:
+    """Does code compiled with this mode or these Inductor options replay CUDA graphs (on a GPU)?"""
+    chosen = {**(torch._inductor.list_mode_options(mode) if mode else {}), **(options or {})}
+    return bool(chosen.get("triton.cudagraphs", torch._inductor.config.triton.cudagraphs))
+
+
 def _serialize(compiled: Any, path: str) -> bytes:
     """The bytes torch writes for a compiled function (save_compiled_function takes a path), via a private
-    folder beside `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".fullgraph-precompile-", dir=folder) as work:
+    folder beside `path` (`fullgraph._files.temp_dir_beside`: a killed save's is removed by the next one)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    work = temp_dir_beside(path)
+    try:
         raw = os.path.join(work, "compiled.bin")
         try:
             compiled.save_compiled_function(raw)
         except Exception as e:  # a backend whose output torch cannot serialize, an object in the closure, ...
+            full = disk_full(path, e)
+            if full is not None:
+                raise full from None
             raise DeployError(f"torch could not serialize the precompiled model: {first_line(e)}") from e
         with open(raw, "rb") as f:
             return f.read()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def read_precompiled(path: str | os.PathLike) -> tuple[PrecompiledMeta, bytes]:
@@ -217,17 +232,47 @@ def read_precompiled(path: str | os.PathLike) -> tuple[PrecompiledMeta, bytes]:
 
 
 class PrecompiledModel:
-    """A precompiled call bound to a model: call it like the model (`loaded(x)`), under `torch.no_grad()`."""
+    """A precompiled call bound to a model: call it like the model (`loaded(x)`), under `torch.no_grad()`.
+
+    Callable from many threads at once: each call runs under the model class's `CallGuard` (`fullgraph.serving`),
+    so the compiled code's lazy set-up at a first call runs once and, where the code replays CUDA graphs
+    (`meta.cuda_graphs`), one thread's replay cannot overwrite the outputs another is reading: those are copied out
+    inside the guard, and torch's per-thread CUDA-graph-tree state is the guard's whichever thread calls. `borrow`
+    skips the copy."""
 
     def __init__(self, path: str, meta: PrecompiledMeta, model: torch.nn.Module, compiled: Any):
         self.path, self.meta, self.model = path, meta, model
         self._compiled = compiled
+        self._graphs = meta.cuda_graphs or (meta.device != "cpu" and _replays_graphs(meta.mode, None))
+        self._guard = guard_for(type(model))
+        if self._graphs:
+            self._guard.graph_trees = True
 
     def __call__(self, *args: Any) -> Any:
-        """The model's output for these positional inputs (precompiled for positional inputs only)."""
+        """The model's output for these positional inputs (precompiled for positional inputs only), the caller's
+        own: copied out of the CUDA graph's memory where the code replays one."""
+        with self._guard:
+            out = self._run(args)
+            return copy_out(out) if self._graphs else out
+
+    @contextlib.contextmanager
+    def borrow(self, *args: Any) -> Iterator[Any]:
+        """`with loaded.borrow(x) as out:` the output without a copy, valid inside the block only: the model's
+        guard is held until the block ends, so no other thread's call can overwrite it meanwhile."""
+        with self._guard:
+            yield self._run(args)
+
+    def _run(self, args: tuple) -> Any:
+        """One call, inside the guard; torch's out-of-memory and guard failures as our errors."""
+        if self._graphs and self.meta.device != "cpu":
+            self._guard.follow_stream()
         try:
             with torch.no_grad():
                 return self._compiled(self.model, *args)
+        except OutOfMemoryError:
+            raise
+        except torch.OutOfMemoryError as e:
+            raise out_of_memory(display_path(self.path), args, None, e) from None
         except RuntimeError as e:
             if not str(e).startswith("GuardManager check failed"):
                 raise

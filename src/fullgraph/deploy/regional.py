@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fullgraph._files import write_atomic
 from fullgraph.compile.regional import BlockGroup, find_repeated_blocks
 from fullgraph.deploy._common import DeployError
 from fullgraph.deploy.build import export
@@ -126,13 +127,13 @@ def _forward_params(block: nn.Module) -> list[str]:
 def _record(path: str | os.PathLike, group: BlockGroup, names: list[str], params: list[str]) -> None:
     """What load_regional checks, beside the package: the block's class, its state's names and its paths."""
     meta = {"class": group.class_name, "paths": list(group.paths), "state": names, "inputs": params}
-    with open(f"{os.fspath(path)}.json", "w") as f:
-        json.dump({META_KEY: meta}, f, indent=1)
+    write_atomic(f"{os.fspath(path)}.json", json.dumps({META_KEY: meta}, indent=1))
 
 
 @dataclass
 class RegionalPackage:
-    """A model whose repeated blocks run one loaded package; `restore()` puts their own forward back."""
+    """A model whose repeated blocks run one loaded package; `restore()` puts their own forward back. Callable from
+    many threads at once, as its package is (`LoadedPackage.__call__`): no lock of its own."""
 
     model: nn.Module
     package: LoadedPackage
