@@ -244,12 +244,9 @@ class Tally:
 def total(tallies: Sequence[Tally]) -> Tally:
     out = Tally()
     for t in tallies:
-        out.calls, out.items, out.checked = out.calls + t.calls, out.items + t.items, out.checked + t.checked
-        out.wrong, out.exceptions, out.worst = (
-            out.wrong + t.wrong,
-            out.exceptions + t.exceptions,
-            max(out.worst, t.worst),
-        )
+        for name in ("calls", "items", "checked", "wrong", "exceptions"):
+            setattr(out, name, getattr(out, name) + getattr(t, name))
+        out.worst = max(out.worst, t.worst)
         out.latencies += t.latencies
         out.first_error = out.first_error or t.first_error
     return out
