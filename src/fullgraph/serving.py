@@ -144,6 +144,27 @@ class process_settings:
         _PROCESS.release()
 
 
+_primed = threading.local()  # .devices: the CUDA devices whose library handles this thread has made
+
+
+def _prime_thread() -> None:
+    """Make this thread's cuBLAS, cuBLASLt and cuDNN handles on the current CUDA device, outside any capture. torch
+    keeps them per thread and makes one at a thread's first use: inside a CUDA-graph capture that invalidates the
+    capture ("operation failed due to a previous error during capture", H200, torch 2.11, a graph warmed up on one
+    thread and recorded on another), after which the pool and the CUDA RNG refuse every later capture."""
+    device = torch.cuda.current_device()
+    done = _primed.__dict__.setdefault("devices", set())
+    if device in done or torch.cuda.is_current_stream_capturing():  # called inside a capture of the caller's own
+        return
+    a = torch.ones(16, 16, device=device)
+    torch.mm(a, a)  # cuBLAS
+    b = a.to(torch.bfloat16)
+    torch.addmm(b[0], b, b)  # cuBLASLt (a bias epilogue)
+    if torch.backends.cudnn.is_available():
+        torch.nn.functional.conv2d(a.view(1, 1, 16, 16), a[:3, :3].reshape(1, 1, 3, 3))  # cuDNN
+    done.add(device)
+
+
 class CallGuard:
     """One model's critical section (see the module docstring): a re-entrant lock, and with `graph_trees` on, torch's
     CUDA-graph-tree state of the calling thread pointed at this guard's own for the call. `with guard: out = ...;
@@ -160,6 +181,8 @@ class CallGuard:
         self._stream: Any = None  # the CUDA stream of the last call (see follow_stream)
 
     def __enter__(self) -> CallGuard:
+        if self.graph_trees and torch.cuda.is_initialized() and not getattr(_primed, "devices", None):
+            _prime_thread()  # a thread's first call (see _prime_thread; one device is the usual case, checked cheaply)
         self.lock.acquire()
         self._depth += 1
         if self.graph_trees and self._depth == 1:
@@ -186,6 +209,18 @@ class CallGuard:
         finally:
             self._depth -= 1
             self.lock.release()
+
+    def warmed_up(self) -> bool:
+        """Inside the guard, after a call: did it leave torch's CUDA-graph trees in warm-up (a graph run once, to be
+        recorded at its next run)? The caller then runs it again at once, so that the recording happens on the thread
+        that warmed it up, whose per-thread caches (cuDNN's attention graphs per shape, say) hold what the graph uses;
+        a recording on a thread that only replayed so far would build them inside the capture. torch-private state
+        (`path_state`), read defensively: anything unexpected reads "no", which is how it was before."""
+        for container in self.trees[0].values():
+            state = getattr(getattr(container, "tree_manager", None), "path_state", None)
+            if getattr(state, "name", None) == "WARMUP":
+                return True
+        return False
 
     def follow_stream(self) -> None:
         """Inside the guard, on CUDA: a call on another stream than the last one waits for the last one's work, so a

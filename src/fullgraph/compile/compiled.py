@@ -176,6 +176,10 @@ class CompiledModel(nn.Module):
         try:
             with self._scope(strict):
                 out = fn(*args, **kwargs)
+            if self._copies and self._guard.warmed_up():  # record on this thread now (CallGuard.warmed_up)
+                del out
+                with self._scope(strict):
+                    out = fn(*args, **kwargs)
         except torch.OutOfMemoryError as e:  # the inputs do not fit: not a compile failure, never a fallback
             self._tracker.end()
             raise out_of_memory(self._name(), args, kwargs, e) from None

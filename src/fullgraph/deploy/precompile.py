@@ -268,7 +268,11 @@ class PrecompiledModel:
             self._guard.follow_stream()
         try:
             with torch.no_grad():
-                return self._compiled(self.model, *args)
+                out = self._compiled(self.model, *args)
+                if self._graphs and self._guard.warmed_up():  # record on this thread now (CallGuard.warmed_up)
+                    del out
+                    out = self._compiled(self.model, *args)
+                return out
         except OutOfMemoryError:
             raise
         except torch.OutOfMemoryError as e:
