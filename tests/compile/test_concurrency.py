@@ -409,7 +409,7 @@ def test_out_of_memory_within_the_declared_range_names_the_batch_and_the_next_ca
     torch._dynamo.reset()
     torch.manual_seed(8)
     model = nn.Sequential(nn.Linear(4096, 4096), nn.GELU(), nn.Linear(4096, 4096)).cuda().eval()
-    cm = fullgraph.compile(model, "perception", dynamic={"x": {0: (1, 1 << 17)}})
+    cm = fullgraph.compile(model, "perception", dynamic={"input": {0: (1, 1 << 17)}})
     small = torch.randn(8, 4096, device="cuda")
     cm(small)
     cm(small)

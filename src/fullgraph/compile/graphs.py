@@ -106,7 +106,10 @@ def _recover(caller: torch.cuda.Stream) -> None:
         torch.cuda.set_stream(caller)
 
 
-_HOST_SYNC = ("operation not permitted when stream is capturing", "StreamCaptureUnsupported", "synchroniz")
+# What a capture refused reads like: the refused call itself, or (torch 2.11 on the H200, a `.item()` captured with
+# capture_error_mode="thread_local") the invalidated capture it left.
+_HOST_SYNC = ("operation not permitted when stream is capturing", "StreamCaptureUnsupported", "synchroniz",
+              "previous error during capture")  # fmt: skip
 
 
 class GraphedCall:
