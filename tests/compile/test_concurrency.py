@@ -413,13 +413,14 @@ def test_out_of_memory_within_the_declared_range_names_the_batch_and_the_next_ca
     small = torch.randn(8, 4096, device="cuda")
     cm(small)
     cm(small)
+    big = torch.randn(1 << 17, 4096, device="cuda")  # 2 GiB, made before the cap: the model's activations do not fit
     total = torch.cuda.mem_get_info()[1]
     cap = (torch.cuda.memory_reserved() + (512 << 20)) / total  # room for a few MiB of activations, not 2 GiB
     torch.cuda.set_per_process_memory_fraction(cap)
     try:
         with pytest.raises(serving.OutOfMemoryError, match=r"out of GPU memory for inputs 131072x4096:float32@cuda "
                            r"\(.* GiB free of .* GiB on cuda"):  # fmt: skip
-            cm(torch.randn(1 << 17, 4096, device="cuda"))
+            cm(big)
         with torch.no_grad():
             torch.testing.assert_close(cm(small), model(small))
     finally:
