@@ -229,6 +229,22 @@ class CallGuard:
                 return True
         return False
 
+    def recover_trees(self) -> None:
+        """Inside the guard, after a call that ran out of memory: a graph warming up when it did leaves torch's trees
+        pointing at a half-run warm-up node, and their next call fails an internal assert (H200, torch 2.11:
+        `len(node.tensor_weakrefs) == len(node.stack_traces)` in `try_end_curr_warmup`). Pointing them back at no
+        node lets the next call start from the graphs already recorded. torch-private state, touched defensively."""
+        for container in self.trees[0].values():
+            manager = getattr(container, "tree_manager", None)
+            node = getattr(manager, "current_node", None)
+            if node is None or type(node).__name__ != "CUDAWarmupNode":
+                continue
+            if len(getattr(node, "tensor_weakrefs", ())) != len(getattr(node, "stack_traces", ()) or ()):
+                manager.current_node = None
+                state = getattr(manager, "path_state", None)
+                if state is not None:
+                    manager.path_state = type(state).NONE
+
     def follow_stream(self) -> None:
         """Inside the guard, on CUDA: a call on another stream than the last one waits for the last one's work, so a
         replay never overwrites outputs whose copy the previous caller's stream has not run yet. Read through torch's

@@ -425,3 +425,30 @@ def test_out_of_memory_within_the_declared_range_names_the_batch_and_the_next_ca
             torch.testing.assert_close(cm(small), model(small))
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_after_out_of_memory_the_trees_leave_a_half_run_warm_up_node():
+    """torch's trees keep the warm-up node an out-of-memory error interrupted; their next call asserted on it (H200,
+    torch 2.11). recover_trees points them back at no node; a finished warm-up node, or none, is left alone."""
+    import enum
+
+    State = enum.Enum("State", "NONE WARMUP RECORDING EXECUTION")
+
+    class CUDAWarmupNode:
+        def __init__(self, outputs: int, traces: int) -> None:
+            self.tensor_weakrefs, self.stack_traces = [None] * outputs, [None] * traces
+
+    class Manager:
+        def __init__(self, node) -> None:
+            self.current_node, self.path_state = node, State.WARMUP
+
+    class Container:
+        def __init__(self, manager) -> None:
+            self.tree_manager = manager
+
+    guard = serving.CallGuard()
+    half, done = Manager(CUDAWarmupNode(0, 2)), Manager(CUDAWarmupNode(2, 2))
+    guard.trees[0].update({0: Container(half), 1: Container(done), 2: Container(None)})
+    guard.recover_trees()
+    assert half.current_node is None and half.path_state is State.NONE
+    assert done.current_node is not None and done.path_state is State.WARMUP

@@ -182,6 +182,8 @@ class CompiledModel(nn.Module):
                     out = fn(*args, **kwargs)
         except torch.OutOfMemoryError as e:  # the inputs do not fit: not a compile failure, never a fallback
             self._tracker.end()
+            if self._copies:
+                self._guard.recover_trees()
             raise out_of_memory(self._name(), args, kwargs, e) from None
         except Exception as e:
             self._tracker.end()

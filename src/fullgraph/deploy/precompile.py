@@ -276,6 +276,8 @@ class PrecompiledModel:
         except OutOfMemoryError:
             raise
         except torch.OutOfMemoryError as e:
+            if self._graphs:
+                self._guard.recover_trees()
             raise out_of_memory(display_path(self.path), args, None, e) from None
         except RuntimeError as e:
             if not str(e).startswith("GuardManager check failed"):
