@@ -121,7 +121,7 @@ for step in $steps; do
       failed=()
       for model in ${LOAD_MODELS:-vit_s16_b4 vit_b16_b64 dit_b_1024}; do
         target=benchmarks/targets/serve.py:$model pkg=$pkgs/$model.pt2
-        kinds=$(for k in compiled bucketed precompiled package; do [[ $wanted == *" $k "* ]] && printf %s, $k; done)
+        kinds=$(for k in compiled bucketed precompiled package locked; do [[ $wanted == *" $k "* ]] && printf %s, $k; done)
         kinds=${kinds%,}
         if [[ $wanted == *" package"* && ! -s $pkg ]]; then
           echo "--- $model: export $(date -u +%H:%M:%S)" | tee -a "$OUT/load_h200.txt"

@@ -74,10 +74,11 @@ def assert_clean(by, cold=False):
 
 
 def test_compiled_and_bucketed_under_dev_from_eight_threads_are_correct(tmp_path, capsys):
-    rc, by = bench_load(tmp_path, *SMALL, "--callable", "compiled,bucketed")
+    rc, by = bench_load(tmp_path, *SMALL, "--callable", "compiled,bucketed,locked")
     assert rc == 0
     assert_clean(by["compiled"])
     assert_clean(by["bucketed"])
+    assert_clean(by["locked"])  # the hand-written lock, the floor compared against on the GPU
     for n, m in by["compiled"].items():
         assert m["items_per_s"] == pytest.approx(4 * m["calls_per_s"])
         # half of bucketed's sets are one item shorter (3 of batch 4, padded back to the bucket 4)

@@ -43,6 +43,7 @@ from fullgraph.bench.suites.coldstart import rel_err
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
+from fullgraph.serving import copy_out
 from fullgraph.timing import quantile, resolve_device
 
 KINDS = {
@@ -52,6 +53,8 @@ KINDS = {
     "precompiled": "fullgraph.deploy.save_precompiled with the preset's mode, then load_precompiled",
     "package": "an AOTInductor package: a .pt2 TARGET, or exported here (minutes on a GPU); with --cuda-graphs",
     "plain": "torch.compile(model, mode=the preset's mode), for comparison",
+    "locked": "torch.compile(model, mode=the preset's mode) behind one lock, outputs cloned inside it: what a server "
+    "writes by hand, the floor fullgraph's callables must not fall below",
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
 INPUT_SETS = 8
@@ -120,6 +123,7 @@ class Plan:
             "precompiled": f"precompiled {self.mode or 'default'}",
             "package": "package cuda-graphs" if self.cuda_graphs else "package",
             "plain": f"torch.compile {self.mode or 'default'}",
+            "locked": f"torch.compile {self.mode or 'default'}, locked",
             "eager": "eager",
         }[kind]
 
@@ -193,6 +197,8 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         return lambda: fg_compile.Bucketed.from_range(fg_compile.compile(model, plan.preset), 0, (1, _batch(x)))
     if kind == "plain":
         return lambda: torch.compile(model, mode=plan.mode)
+    if kind == "locked":
+        return lambda: _locked(torch.compile(model, mode=plan.mode))
     if kind == "eager":
         return lambda: model
     if kind == "precompiled":
@@ -205,6 +211,17 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
         path = sources.export(model, x[0], os.path.join(work, "model.pt2"), preset=plan.preset)
     return lambda: sources.open_package(path, plan.cuda_graphs, ())[0]
+
+
+def _locked(fn: Callable) -> Callable:
+    """`fn` behind one lock, its outputs cloned inside it (the hand-written server's guard)."""
+    lock = threading.Lock()
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return copy_out(fn(*args, **kwargs))
+
+    return call
 
 
 def _pair(example: Any) -> Inputs:
