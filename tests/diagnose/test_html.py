@@ -90,7 +90,7 @@ def test_every_section_heading_has_its_count():
         "chart": "Latency",
         "configs": "Configurations (6)",
         "breakdowns": "Where the time goes (2)",
-        "graph-breaks": "Graph breaks (2)",
+        "graph-breaks": "Graph breaks (3 at 2 places)",
         "recompiles": "Recompiles (2 causes, 5 recompiles)",
         "cudagraph-skips": "CUDA-graph skips (1)",
         "lint": "Lint (1)",

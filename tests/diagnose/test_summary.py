@@ -46,7 +46,7 @@ def test_sections_with_their_counts():
     for heading in (
         "configurations: 6",
         f"recommendation: {RECOMMENDED}, {r.recommendation.speedup:.2f}x eager fp32",
-        "graph breaks: 3 (4 graphs, as explain counts), at 2 places",
+        "graph breaks: 3 at 2 places (4 graphs captured, as explain counts)",
         "recompiles: 5 from 2 causes",
         "CUDA-graph skips: 1",
         "lint findings: 1",
@@ -129,7 +129,7 @@ def test_report_text_is_never_markup():
 
 def test_an_empty_report():
     text = format_summary(Report("m.py:Net", "cpu", [], {}))
-    assert "graph breaks: 0 (0 graphs, as explain counts), at 0 places" in text
+    assert "graph breaks: 0 (0 graphs captured, as explain counts)" in text
     assert "recommendation: none (no configuration ran within tolerance)" in text
     assert "recompiles: 0" in text and "lint findings: 0" in text and "configurations: 0" in text
     assert "where the time goes" not in text and "captured output" not in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fullgraph.diagnose.report import ChecklistItem, Report
+from fullgraph.diagnose.report import ChecklistItem, Report, plural
 
 
 def _item(name: str, status: str, evidence: str) -> ChecklistItem:
@@ -58,8 +58,9 @@ def build_checklist(report: Report, vary: Sequence[str], gpu: bool) -> list[Chec
     items = [
         _item(
             "Graph breaks analysed and removed",
-            "pass" if breaks == 0 else "fail",
-            f"{breaks} graph break(s) in {report.graph_count} graph(s)",
+            "pass" if breaks == 0 and not report.skipped_frames else "fail",
+            f"{report.break_summary} ({plural(report.graph_count, 'graph')} captured)"
+            + "".join(f"; {g.function or 'a function'} ran eagerly: {g.skipped}" for g in report.skipped_frames),
         ),
         _item(
             "Python interaction with the graph minimised (lint)",

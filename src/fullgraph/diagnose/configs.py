@@ -230,9 +230,10 @@ def simplicity(c: ConfigResult) -> tuple:
     return SIMPLICITY.get(c.mode, 9), DTYPE_SIMPLICITY.get(c.dtype, 9), len(c.ops)
 
 
-def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0, module: bool = True) -> Recommendation | None:
+def recommend(configs: Sequence[ConfigResult], breaks: str = "", module: bool = True) -> Recommendation | None:
     """The fastest row within tolerance, or, when others are within 3% or within noise of it, the simplest of
-    them (eager < default < reduce-overhead < max-autotune; fp32 before bf16), named as a tie."""
+    them (eager < default < reduce-overhead < max-autotune; fp32 before bf16), named as a tie. `breaks` is the
+    report's count of graph breaks in its one wording ("8 graph breaks at 2 places"), "" when there are none."""
     ok = [c for c in configs if c.ok and c.median_ms]
     if not ok:
         return None
@@ -249,11 +250,11 @@ def recommend(configs: Sequence[ConfigResult], graph_breaks: int = 0, module: bo
         reason = f"tie: {', '.join(tie)} within {TIE:.0%} or within noise of it; the simplest is recommended"
     else:
         reason = "the fastest configuration within tolerance, ahead of the rest by more than their spread"
-    code = _code(pick, graph_breaks, module)
+    code = _code(pick, breaks, module)
     return Recommendation(pick.name, speedup, code, base.name if base else None, tie, reason)
 
 
-def _code(pick: ConfigResult, graph_breaks: int, module: bool = True) -> str:
+def _code(pick: ConfigResult, breaks: str, module: bool = True) -> str:
     """The code that reproduces `pick`: a `fullgraph.compile(...)` call for a compiled row of a module (it casts
     the inputs, runs under no_grad and keeps the doctor's mode), torch.compile for a function."""
     dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[pick.dtype]
@@ -264,8 +265,8 @@ def _code(pick: ConfigResult, graph_breaks: int, module: bool = True) -> str:
     cast = "" if pick.dtype == "fp32" else f"model = model.to({dtype})  # and cast floating inputs to {dtype}\n"
     if pick.mode != "eager":
         call = f'model = torch.compile(model, mode="{mode_of(pick.mode)}")\n'
-    elif graph_breaks:  # compiling did not pay as written: the breaks are the first thing to fix
-        call = f"# compiling did not beat eager mode as written: remove its {graph_breaks} graph break(s) first\n"
+    elif breaks:  # compiling did not pay as written: the breaks are the first thing to fix
+        call = f"# compiling did not beat eager mode as written: remove its {breaks} first\n"
     else:
         call = "# compiling did not beat eager mode for this model at these inputs: run it eagerly\n"
     return f"{cast}{call}with torch.no_grad():\n    y = model(*args, **kwargs)"

@@ -26,7 +26,7 @@ from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.checklist import build_checklist
 from fullgraph.diagnose.inputs import VARY_DIM, Example
 from fullgraph.diagnose.lint_scope import lint_target
-from fullgraph.diagnose.report import Report
+from fullgraph.diagnose.report import Report, break_count, break_summary
 from fullgraph.diagnose.target import unwrap_compiled
 from fullgraph.errors import UsageError
 from fullgraph.timing import cpu_threads_available, pinned_threads
@@ -175,7 +175,9 @@ def doctor(
                 f" {cfg.MEASURES} times): {', '.join(noisy)}; is the machine busy?"
                 " No recommendation rests on their lead"
             )
-        rec_ = cfg.recommend(configs, rec.graph_break_count, module=is_module)
+        breaks = dynamo.group_breaks(rec.breaks)
+        count = break_summary(len(rec.graphs), breaks) if break_count(len(rec.graphs), breaks) else ""
+        rec_ = cfg.recommend(configs, count, module=is_module)
         breakdowns: list[Breakdown] = []
         if profile and deadline is not None and time.monotonic() >= deadline:
             notes.append(
@@ -195,7 +197,7 @@ def doctor(
         environment={"torch": torch.__version__, "triton": env.triton_version(), "python": sys.version.split()[0]},
         lint=findings,
         graph_count=len(rec.graphs),
-        graph_breaks=dynamo.group_breaks(rec.breaks),
+        graph_breaks=breaks,
         recompiles=recompiles,
         cudagraph_skips=cudagraph_skips,
         configs=configs,

@@ -28,7 +28,10 @@ from fullgraph.diagnose.report import GraphBreak, Recompile
 
 # Our fixes, by what the reason says. First match wins; the last entry is the fallback.
 BREAK_FIXES = (
-    ("generic_jump", "a condition on a tensor's value: compute both branches and pick with torch.where(cond, a, b)"),
+    (
+        "generic_jump|Data-dependent branching",
+        "a condition on a tensor's value: compute both branches and pick with torch.where(cond, a, b)",
+    ),
     ("item()", "Tensor.item() leaves the graph: keep the value as a 0-d tensor and use it in tensor ops"),
     ("print", "print/logging in forward: remove it, or log outside the compiled call"),
     ("Dynamic shape operator", "output shape depends on data (mask indexing, nonzero): pad to a fixed size or mask"),
@@ -160,26 +163,43 @@ _LOGGED = re.compile(
     r"Graph break in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*)", re.S
 )
 _SKIPPED = "Skipping the function and falling back to eager"
-_IN_LOOP = "graph break in loop"
+_SECOND = "*** While handling this graph break, another graph break occurred: ***"
+# Why Dynamo gave up on a whole function, by the title of the break that made it give up.
+_SKIP_WHY = {"graph break in loop": "a graph break inside a loop, where Dynamo cannot resume"}
+_FRAME = re.compile(r"frame skipped: (\w+)")  # Dynamo's debug context names the function it skipped
+_CALLER = re.compile(r", in (\w+)\n")  # else the innermost frame of the user code traceback
+
+
+def _own_text(section: str) -> str:
+    """A break's own title, explanation and hints: what its fix is matched on (never the debug context or the
+    traceback, whose quoted code can name anything, `print` included)."""
+    return section.split("Developer debug context:", 1)[0].split("User code traceback:", 1)[0].strip()
 
 
 def _break_from_log(message: str) -> GraphBreak | None:
-    """A break from Dynamo's log; for a skipped frame, the break that started it (the first one named)."""
+    """A break from Dynamo's log; for a skipped frame, the break that started it (the first one named), its fix
+    matched on its own reason, and why the function was skipped."""
     m = _LOGGED.match(message)
     if not m:
         return None
     file, line, text = m["file"], int(m["line"]), m["reason"]
-    first = text.split("Graph break encountered:", 1)[-1].strip() if _SKIPPED in text else text.strip()
-    gb_id, gb_type, hint = _registry_entry(first)
-    title = first.splitlines()[0] if first else ""
     skipped = _SKIPPED in text
-    reason = f"{title}: Dynamo skipped the whole function and ran it eagerly" if skipped else title
+    first, _, second = text.split("Graph break encountered:", 1)[-1].partition(_SECOND) if skipped else (text, "", "")
+    first = _own_text(first)
+    gb_id, gb_type, hint = _registry_entry(first)
+    title = first.splitlines()[0].strip() if first else ""
     fix = _first_match(BREAK_FIXES, first)
-    if skipped and _IN_LOOP in text:
-        fix += "; it breaks inside a loop, which makes Dynamo give up on the whole function: move it out of the loop"
+    why = ""
+    if skipped:
+        cause = _own_text(second).splitlines()[0].strip() if second.strip() else ""
+        why = f"{_SKIP_WHY.get(cause, cause or 'Dynamo could not resume after a graph break')}: {title} at line {line}"
+        if cause in _SKIP_WHY:
+            fix += "; it breaks inside a loop, so Dynamo gives up on the whole function: move it out of the loop"
+    named = _FRAME.search(text) or next(reversed(list(_CALLER.finditer(text + "\n"))), None)
+    function = named[1] if named else ""
     return GraphBreak(
-        file=file, line=line, function="", source=linecache.getline(file, line).strip(), reason=reason,
-        gb_id=gb_id, gb_type=gb_type, hint=hint, fix=fix,
+        file=file, line=line, function=function, source=linecache.getline(file, line).strip(), reason=title,
+        gb_id=gb_id, gb_type=gb_type, hint=hint, fix=fix, skipped=why,
     )  # fmt: skip
 
 

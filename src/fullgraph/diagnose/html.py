@@ -61,7 +61,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(num=num, sci=sci, mib=mib, pct=pct, where=where)
-    env.globals.update(status=status, DASH=_DASH, HIGHLIGHT=HIGHLIGHT)
+    env.globals.update(status=status, plural=plural, DASH=_DASH, HIGHLIGHT=HIGHLIGHT)
     return env
 
 
@@ -101,6 +101,11 @@ def sci(value: float | None) -> str:
 
 def mib(nbytes: int | None) -> str:
     return _DASH if nbytes is None else f"{nbytes / 2**20:,.1f}"
+
+
+def plural(n: int, word: str) -> str:
+    """ "1 place", "2 places"."""
+    return f"{n} {word if n == 1 else word + 's'}"
 
 
 def pct(fraction: float | None, digits: int = 0) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from fullgraph._files import write_atomic
 from fullgraph.bench.breakdown import Breakdown
-from fullgraph.diagnose.html import render_html
+from fullgraph.diagnose.html import plural, render_html
 
 SCHEMA_VERSION = 2
 
@@ -44,6 +44,21 @@ class GraphBreak:
     hint: str  # torch's hint, where the registry has one
     fix: str  # ours
     count: int = 1  # times this place broke the graph in one call (a break in a per-image loop: once per image)
+    skipped: str = ""  # why Dynamo skipped the whole function and ran it eagerly here; "" for an ordinary break
+
+
+def break_count(graph_count: int, breaks: list[GraphBreak]) -> int:
+    """explain's count (graphs less one) when it is sane (>= 0), else the ordinary breaks' hits; never a skip."""
+    if graph_count >= 1:
+        return graph_count - 1
+    return sum(g.count for g in breaks if not g.skipped)
+
+
+def break_summary(graph_count: int, breaks: list[GraphBreak]) -> str:
+    """ "8 graph breaks at 2 places" (or "0 graph breaks"): the one wording of the count, with its places."""
+    n = break_count(graph_count, breaks)
+    places = len([g for g in breaks if not g.skipped])
+    return plural(n, "graph break") + (f" at {plural(places, 'place')}" if places else "")
 
 
 @dataclass(frozen=True)
@@ -133,12 +148,30 @@ class Report:
     schema_version: int = SCHEMA_VERSION
 
     @property
+    def breaks(self) -> list[GraphBreak]:
+        """The places where a graph broke and compiling went on; skipped frames are not among them."""
+        return [g for g in self.graph_breaks if not g.skipped]
+
+    @property
+    def skipped_frames(self) -> list[GraphBreak]:
+        """The places where Dynamo gave up on a whole function and ran it eagerly, with why."""
+        return [g for g in self.graph_breaks if g.skipped]
+
+    @property
     def graph_break_count(self) -> int:
-        """Graphs captured, less one: the count torch._dynamo.explain reports for the same run."""
-        return max(self.graph_count - 1, 0)
+        """The one count of breaks every surface states: torch._dynamo.explain's (graphs captured, less one) where
+        that is sane; with no graph captured (explain says -1), the breaks recorded outside skipped frames."""
+        return break_count(self.graph_count, self.graph_breaks)
+
+    @property
+    def break_summary(self) -> str:
+        """ "8 graph breaks at 2 places": the count, then the places in the code."""
+        return break_summary(self.graph_count, self.graph_breaks)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["graph_break_count"], d["graph_break_places"] = self.graph_break_count, len(self.breaks)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
@@ -146,6 +179,8 @@ class Report:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
         d = dict(d)
+        for derived in ("graph_break_count", "graph_break_places"):  # written for readers, computed again here
+            d.pop(derived, None)
         if d.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"report schema {d.get('schema_version')} is not {SCHEMA_VERSION}; re-run the doctor")
         d["lint"] = [Finding(**f) for f in d.get("lint", [])]

@@ -18,7 +18,7 @@ from fullgraph._paths import display_path
 from fullgraph.bench.breakdown import Breakdown
 from fullgraph.bench.kernel_classes import short_name
 from fullgraph.bench.table import new_table, to_text
-from fullgraph.diagnose.report import ConfigResult, Report
+from fullgraph.diagnose.report import ConfigResult, Report, plural
 
 LOG_WIDTH = 120  # print_summary's width off a terminal
 _DASH = "-"
@@ -71,6 +71,10 @@ def _blocks(r: Report) -> Iterator[RenderableType]:
     if r.timing:
         yield Text("timing: " + " · ".join(f"{k} {v}" for k, v in r.timing.items()), style="dim")
     yield Text()
+    skipped = list(_skipped(r))
+    yield from skipped
+    if skipped:
+        yield Text()
     yield from _configs(r)
     yield Text()
     yield from _recommendation(r)
@@ -154,19 +158,26 @@ def _recommendation(r: Report) -> Iterator[RenderableType]:
     yield _indented(Text(rec.code, style="cyan"), 4)
 
 
+def _skipped(r: Report) -> Iterator[RenderableType]:
+    """Before the count: a function Dynamo skipped is not compiled at all, whatever the count says."""
+    for g in r.skipped_frames:
+        yield Text.assemble(
+            ("ran eagerly: ", "bold red"), (g.function or "a function", "bold"), f" was not compiled: {g.skipped}"
+        )
+
+
 def _breaks(r: Report) -> Iterator[RenderableType]:
-    places = len(r.graph_breaks)
+    places = f" at {plural(len(r.breaks), 'place')}" if r.breaks else ""
     yield _title(
-        f"graph breaks: {r.graph_break_count} ({r.graph_count} graphs, as explain counts), "
-        f"at {places} place{'s' if places != 1 else ''}"
+        f"graph breaks: {r.graph_break_count}{places} ({plural(r.graph_count, 'graph')} captured, as explain counts)"
     )
-    if not r.graph_breaks:
-        return
     for g in r.graph_breaks:
         # A list, not a table: a source line or a fix is often longer than a table cell leaves room for.
-        count = getattr(g, "count", 1)  # GraphBreak.count: times this place broke in one call
+        skipped = (" (skipped: the function ran eagerly)", "red") if g.skipped else ""
         yield _indented(
-            Text.assemble((_where(g.file, g.line), "bold"), f" in {g.function}", f" ×{count}" if count > 1 else "")
+            Text.assemble(
+                (_where(g.file, g.line), "bold"), f" in {g.function}", f" ×{g.count}" if g.count > 1 else "", skipped
+            )
         )
         yield _indented(Text(g.source, style="cyan"), 4)
         reason = Text(g.reason)
@@ -180,7 +191,7 @@ def _breaks(r: Report) -> Iterator[RenderableType]:
 
 def _recompiles(r: Report) -> Iterator[RenderableType]:
     total = sum(c.count for c in r.recompiles)
-    causes = f" from {len(r.recompiles)} causes" if total != len(r.recompiles) else ""
+    causes = f" from {plural(len(r.recompiles), 'cause')}" if total != len(r.recompiles) else ""
     yield _title(f"recompiles: {total}{causes}")
     if not r.recompiles:
         return
