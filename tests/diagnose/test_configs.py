@@ -39,8 +39,34 @@ def test_a_tie_goes_to_the_simplest_and_claims_no_win():
     rec = cfg.recommend(configs)
     assert rec.config == "eager fp32" and set(rec.tie) == {"compile default fp32", "compile max-autotune fp32"}
     assert rec.speedup is None and rec.versus == "" and "tie" in rec.reason
-    assert "did not beat eager" in rec.code and "graph break" not in rec.code
+    assert "compiling (compile default fp32, compile max-autotune fp32) did not beat eager fp32" in rec.code
+    assert "graph break" not in rec.code
     assert "remove its 3 graph breaks at 1 place first" in cfg.recommend(configs, "3 graph breaks at 1 place").code
+
+
+def test_the_reason_names_the_rows_it_rests_on_and_only_rows_that_ran():
+    """Issue 34, item 2: the reason names the rows the pick beat; failed and over-tolerance rows are not among them."""
+    configs = [
+        row("eager fp32", 10.0, mode="eager"),
+        row("compile default fp32", 6.0, 1e-6),
+        row("compile max-autotune bf16", 2.0, 0.5, tol=4e-2, mode="max-autotune", dtype="bf16"),  # over tolerance
+        ConfigResult("compile max-autotune fp32", "max-autotune", "fp32", error="RuntimeError: boom"),
+    ]
+    rec = cfg.recommend(configs)
+    assert rec.reason == "the fastest within tolerance, ahead of eager fp32 by more than their spread"
+    alone = cfg.recommend([configs[0], configs[3]])
+    assert alone.reason == "the only configuration that ran within tolerance"
+
+
+def test_eager_advice_claims_nothing_about_compiling_when_no_compiled_row_ran():
+    """Issue 34, item 2: with the budget spent on eager rows, "compiling did not beat eager" is not printed."""
+    skipped = ConfigResult("compile default fp32", "default", "fp32", error="skipped: the --budget ran out")
+    rec = cfg.recommend([row("eager fp32", 10.0, mode="eager"), skipped], "8 graph breaks at 2 places")
+    assert rec.config == "eager fp32" and "did not beat" not in rec.code
+    assert "no compiled configuration ran within tolerance" in rec.code
+    assert "its 8 graph breaks at 2 places would split the compiled graph" in rec.code
+    slower = [row("eager fp32", 5.0, mode="eager"), row("compile default fp32", 10.0)]
+    assert "# compiling (compile default fp32) did not beat eager fp32 at these inputs" in cfg.recommend(slower).code
 
 
 def test_a_lead_inside_the_spread_is_a_tie_and_outside_it_a_win():

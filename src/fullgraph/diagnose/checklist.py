@@ -55,6 +55,7 @@ def build_checklist(report: Report, vary: Sequence[str], gpu: bool) -> list[Chec
     best = next((c for c in report.configs if rec and c.name == rec.config), None)
     base = next((c for c in report.configs if rec and c.name == rec.baseline), None)
     modes = {c.mode for c in report.configs if c.median_ms}
+    timed = [c.name for c in report.configs if c.median_ms]  # the rows a judgement may rest on
     items = [
         _item(
             "Graph breaks analysed and removed",
@@ -79,8 +80,7 @@ def build_checklist(report: Report, vary: Sequence[str], gpu: bool) -> list[Chec
             "only one mode was timed"
             if len(modes) < 2
             else (
-                f"{len(report.configs)} configuration(s) timed; {rec.config}: {rec.reason}"
-                + (f", {rec.versus}" if rec.versus else "")
+                f"timed {', '.join(timed)}; {rec.config}: {rec.reason}" + (f", {rec.versus}" if rec.versus else "")
                 if rec
                 else "no configuration ran within tolerance"
             ),
@@ -89,7 +89,8 @@ def build_checklist(report: Report, vary: Sequence[str], gpu: bool) -> list[Chec
         _item(
             "Numerics checked against eager float32",
             "pass" if ok else "fail",
-            f"{len(ok)} of {len(report.configs)} configuration(s) within tolerance",
+            f"{len(ok)} of {len(report.configs)} configuration(s) within tolerance"
+            + (f": {', '.join(c.name for c in ok)}" if ok else ""),
         ),
         _item(
             "Memory use monitored",

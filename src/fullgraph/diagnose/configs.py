@@ -246,17 +246,22 @@ def recommend(configs: Sequence[ConfigResult], breaks: str = "", module: bool = 
     speedup = None
     if base is not None and pick.mode != "eager" and not _lead_within_noise(pick, base):
         speedup = base.median_ms / pick.median_ms
+    others = [c.name for c in ok if c is not pick]
     if tie:
         reason = f"tie: {', '.join(tie)} within {TIE:.0%} or within noise of it; the simplest is recommended"
+    elif others:
+        reason = f"the fastest within tolerance, ahead of {', '.join(others)} by more than their spread"
     else:
-        reason = "the fastest configuration within tolerance, ahead of the rest by more than their spread"
-    code = _code(pick, breaks, module)
+        reason = "the only configuration that ran within tolerance"
+    code = _code(pick, breaks, module, compiled=[c for c in ok if c.mode != "eager"])
     return Recommendation(pick.name, speedup, code, base.name if base else None, tie, reason)
 
 
-def _code(pick: ConfigResult, breaks: str, module: bool = True) -> str:
+def _code(pick: ConfigResult, breaks: str, module: bool = True, compiled: Sequence[ConfigResult] = ()) -> str:
     """The code that reproduces `pick`: a `fullgraph.compile(...)` call for a compiled row of a module (it casts
-    the inputs, runs under no_grad and keeps the doctor's mode), torch.compile for a function."""
+    the inputs, runs under no_grad and keeps the doctor's mode), torch.compile for a function. For an eager pick,
+    the comment names the `compiled` rows (those that ran within tolerance) it rests on, and claims nothing about
+    compiling when none ran."""
     dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[pick.dtype]
     if pick.mode != "eager" and module:
         cast = "" if pick.dtype == "fp32" else f", dtype={dtype}"
@@ -265,11 +270,18 @@ def _code(pick: ConfigResult, breaks: str, module: bool = True) -> str:
     cast = "" if pick.dtype == "fp32" else f"model = model.to({dtype})  # and cast floating inputs to {dtype}\n"
     if pick.mode != "eager":
         call = f'model = torch.compile(model, mode="{mode_of(pick.mode)}")\n'
+    elif not compiled:
+        split = f"; its {breaks} would split the compiled graph" if breaks else ""
+        call = f"# no compiled configuration ran within tolerance, so nothing here says whether compiling pays{split}\n"
     elif breaks:  # compiling did not pay as written: the breaks are the first thing to fix
-        call = f"# compiling did not beat eager mode as written: remove its {breaks} first\n"
+        call = f"# compiling ({_names(compiled)}) did not beat {pick.name} as written: remove its {breaks} first\n"
     else:
-        call = "# compiling did not beat eager mode for this model at these inputs: run it eagerly\n"
+        call = f"# compiling ({_names(compiled)}) did not beat {pick.name} at these inputs: run it eagerly\n"
     return f"{cast}{call}with torch.no_grad():\n    y = model(*args, **kwargs)"
+
+
+def _names(rows: Sequence[ConfigResult]) -> str:
+    return ", ".join(c.name for c in rows)
 
 
 def plan(
