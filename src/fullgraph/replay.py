@@ -43,10 +43,20 @@ class replayed:
         _state.on = self.before
 
 
-@torch.compiler.assume_constant_result
-def under_graphs() -> bool:
+def _under_graphs() -> bool:
     """Will the code being traced now run from CUDA graphs (see the module docstring)?"""
     return getattr(_state, "on", False) or _backend_replays()
+
+
+def __getattr__(name: str):
+    # `under_graphs` is `_under_graphs` marked a constant for Dynamo (`torch.compiler.assume_constant_result`),
+    # marked on first use: the marking imports Dynamo, and importing this module should not (a process that only
+    # loads AOT packages needs no compiler). Dynamo reads a module attribute missing from its __dict__ with a plain
+    # getattr, so a first use inside a trace runs this here, outside the trace, and the trace sees the marked function.
+    if name == "under_graphs":
+        marked = globals()["under_graphs"] = torch.compiler.assume_constant_result(_under_graphs)
+        return marked
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _backend_replays() -> bool:

@@ -244,8 +244,6 @@ def run_load(args) -> int:
         raise UsageError("--reps must be at least 1")
     if not os.path.exists(path):
         raise UsageError(f"{shown} does not exist; give the path of a package (fullgraph export ... -o FILE.pt2)")
-    import fullgraph.ops  # noqa: F401 - imported by load anyway; here so that the load time below is the load's
-
     with progress_reporter() as say:
         say(f"loading {shown} (checked, probed in a child process once per file, then loaded here)")
         start = time.perf_counter()

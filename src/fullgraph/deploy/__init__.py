@@ -13,14 +13,50 @@ process (DESIGN.md, Layers: this package imports compile, ops and the floor; not
 
 Both kinds of file are code (pickles, shared libraries): only files that no one but their owner can write are
 loaded. docs/deploy.md has the details.
+
+Every name is imported on first use (`__getattr__`), so that a server that only loads packages
+(`from fullgraph.deploy import load`) imports neither Dynamo, Inductor, Triton, sympy nor `fullgraph.compile`'s
+compiler: a process start pays for what it uses (docs/deploy.md, "Process start on the package route"). The names
+that compile, save or run compiled graphs (every module but `package` and `_common`) import `fullgraph.ops` first,
+as `import fullgraph.deploy` did when it imported everything: that registers our ops, which saved graphs call, and
+adds their fingerprint to torch's compile-cache keys (`fullgraph/kernels/_library.py`), so that what is saved and
+what is loaded through this package agree on those keys.
 """
 
-from fullgraph.deploy._common import DeployError, cache_dir, input_signature
-from fullgraph.deploy.build import aot_options, export
-from fullgraph.deploy.cache import CacheMeta, load_cache, read_cache, save_cache, save_cache_in_child
-from fullgraph.deploy.package import LoadedPackage, inspect_package, load, probe
-from fullgraph.deploy.precompile import PrecompiledModel, load_precompiled, save_precompiled
-from fullgraph.deploy.tuned import compile_tuned, read_tuned
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+# name -> the module that defines it; the lean ones (a package's load) need neither fullgraph.ops nor a compiler.
+_LEAN = {
+    "DeployError": "fullgraph.deploy._common",
+    "cache_dir": "fullgraph.deploy._common",
+    "input_signature": "fullgraph.deploy._common",
+    "LoadedPackage": "fullgraph.deploy.package",
+    "inspect_package": "fullgraph.deploy.package",
+    "load": "fullgraph.deploy.package",
+    "probe": "fullgraph.deploy.package",
+}
+_COMPILING = {
+    "aot_options": "fullgraph.deploy.build",
+    "export": "fullgraph.deploy.build",
+    "CacheMeta": "fullgraph.deploy.cache",
+    "load_cache": "fullgraph.deploy.cache",
+    "read_cache": "fullgraph.deploy.cache",
+    "save_cache": "fullgraph.deploy.cache",
+    "save_cache_in_child": "fullgraph.deploy.cache",
+    "PrecompiledModel": "fullgraph.deploy.precompile",
+    "load_precompiled": "fullgraph.deploy.precompile",
+    "save_precompiled": "fullgraph.deploy.precompile",
+    "compile_tuned": "fullgraph.deploy.tuned",
+    "read_tuned": "fullgraph.deploy.tuned",
+}
+# Submodules reached as attributes (`from fullgraph.deploy import cache`), imported on first use the same way.
+_SUBMODULES = {"build", "cache", "coldstart", "precompile", "regional", "tuned"}
+_LEAN_SUBMODULES = {"package", "_common", "_calls", "_elf"}
+# Reached only as `fullgraph.deploy.remote_cache` (not in __all__ until its module lands).
+_LATER = {"remote_cache": "fullgraph.deploy.remote"}
 
 __all__ = [
     "CacheMeta",
@@ -43,3 +79,34 @@ __all__ = [
     "save_cache_in_child",
     "save_precompiled",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LEAN:
+        module = _LEAN[name]
+    elif name in _COMPILING or name in _SUBMODULES or name in _LATER:
+        import fullgraph.ops  # noqa: F401 - registers our ops and tags torch's compile caches (see the docstring)
+
+        module = _COMPILING.get(name) or _LATER.get(name) or f"{__name__}.{name}"
+    elif name in _LEAN_SUBMODULES:
+        module = f"{__name__}.{name}"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __import__(module)  # the import statement's path: `python -X importtime` reports it (import_module's it does not)
+    imported = sys.modules[module]
+    value = imported if module == f"{__name__}.{name}" else getattr(imported, name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES, *_LEAN_SUBMODULES})
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs read; nothing here runs
+    from fullgraph.deploy._common import DeployError, cache_dir, input_signature
+    from fullgraph.deploy.build import aot_options, export
+    from fullgraph.deploy.cache import CacheMeta, load_cache, read_cache, save_cache, save_cache_in_child
+    from fullgraph.deploy.package import LoadedPackage, inspect_package, load, probe
+    from fullgraph.deploy.precompile import PrecompiledModel, load_precompiled, save_precompiled
+    from fullgraph.deploy.tuned import compile_tuned, read_tuned

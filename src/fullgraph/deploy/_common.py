@@ -9,9 +9,12 @@ applies to its own files).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import re
 import stat
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, BinaryIO, TypeVar
 
@@ -39,11 +42,27 @@ def environment() -> dict[str, str | None]:
     cap = env.cuda_capability()
     return {
         "torch": torch.__version__,
-        "triton": env.triton_version(),
+        "triton": _triton_version(),
         "fullgraph": __version__,
         "device": torch.cuda.get_device_name(0) if cap else "cpu",
         "capability": f"{cap[0]}.{cap[1]}" if cap else None,
     }
+
+
+def _triton_version() -> str | None:
+    """`triton.__version__` (what the headers of files written before recorded) without importing Triton: a process
+    that loads a package needs no compiler, and importing Triton costs it a few hundred milliseconds. Read from the
+    literal in triton/__init__.py (the distribution's version can differ: a nightly's pytorch-triton says
+    "3.3.0+git..." where its module says "3.3.0"); Triton is imported (`env.triton_version`) only when it already is
+    or that literal is not found. None where Triton is not installed."""
+    if "triton" in sys.modules or not (spec := importlib.util.find_spec("triton")) or not spec.origin:
+        return env.triton_version()
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            found = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", f.read(), re.MULTILINE)
+    except OSError:
+        found = None
+    return found.group(1) if found else env.triton_version()
 
 
 def mismatches(saved: Mapping[str, Any], here: Mapping[str, Any], keys: Iterable[str]) -> list[str]:

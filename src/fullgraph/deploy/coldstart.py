@@ -29,8 +29,10 @@ device, or from the call that loads the package, to the first output. Then `medi
 crashed its probe, say) are reported in the JSON line (`ok: false`, `error`) with exit status 1.
 
 Import times: under `python -m` the package `fullgraph.deploy` (and torch with it) is imported before this module
-runs, so they are reported as null. The suite starts the child with a one-line bootstrap that times
-`import torch` and `import fullgraph.compile, fullgraph.deploy.coldstart` first and passes the clock to `main`.
+runs, so they are reported as null. The suite starts the child with a one-line bootstrap that times `import torch`,
+then this module and `prepare(action)`: what the action imports, passing the clock to `main`. `load-package` imports
+what a server that only loads packages does (`from fullgraph.deploy import load`: no Dynamo, Inductor or Triton);
+the other actions fullgraph's compiler and our ops as well.
 
 `--build` names a top-level function of any importable module (this layer imports no models): called with
 `--build-kwargs` (a JSON object), it returns an fp32 `nn.Module` on the CPU; the child moves it to `--device` and
@@ -54,9 +56,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-import fullgraph.compile
-from fullgraph.compile import GraphedCall, resolve
-from fullgraph.deploy import build, cache, package, precompile
+from fullgraph.compile.graphs import GraphedCall
+from fullgraph.compile.presets import get_preset
+from fullgraph.deploy import package
 from fullgraph.deploy._common import input_signature
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
@@ -134,7 +136,23 @@ def _need(args: argparse.Namespace, flag: str) -> str:
     return value
 
 
+def prepare(action: str) -> None:
+    """Import what `action` needs (the bootstrap times it): nothing more for `load-package`; fullgraph's compiler
+    and the deploy modules that compile and save, with our ops (`fullgraph.deploy` imports them first), for the
+    others."""
+    if action != "load-package":
+        import fullgraph.compile.compiled  # noqa: F401
+        from fullgraph.deploy import build, cache, precompile  # noqa: F401
+
+
+def _replays(preset: str) -> bool:
+    """Does the preset run CUDA graphs (reduce-overhead)? Read from the preset: `resolve` imports Inductor."""
+    return (get_preset(preset).mode or "default") == "reduce-overhead"
+
+
 def _counters() -> dict[str, int]:
+    if "torch._dynamo" not in sys.modules:  # the package route: nothing was compiled, and Dynamo stays unimported
+        return {key: 0 for _, key in COUNTERS}
     counters = torch._dynamo.utils.counters
     return {key: int(counters[group][key]) for group, key in COUNTERS}
 
@@ -146,6 +164,16 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
     inputs = clock.time("device_s", lambda: _on_device(loaded, device, dtype))
     signature = input_signature(inputs)
     fn: Callable[..., Any]
+    if args.action == "load-package":
+        report["build_s"] = None  # the weights are in the package
+        graphs = device.type == "cuda" and _replays(args.preset)
+        fn = clock.time("load_s", lambda: package.load(_need(args, "package"), cuda_graphs=graphs))
+        _finish(args, report, fn, inputs, device, *first_call(lambda: fn(*inputs), device))
+        return
+    import fullgraph.compile
+    from fullgraph.compile import resolve
+    from fullgraph.deploy import build, cache, precompile
+
     if args.action == "export":
         model = clock.time("build_s", lambda: _build(args, device, dtype))
         path = _need(args, "package")
@@ -160,15 +188,10 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         clock.time("save_s", lambda: precompile.save_precompiled(model, inputs, path, options=options))
         report["file_bytes"] = os.path.getsize(path)
         return
-    if args.action == "load-package":
-        report["build_s"] = None  # the weights are in the package
-        graphs = device.type == "cuda" and resolve(args.preset).mode == "reduce-overhead"
-        fn = clock.time("load_s", lambda: package.load(_need(args, "package"), cuda_graphs=graphs))
-        first_s, out = first_call(lambda: fn(*inputs), device)
-    elif args.action == "load-precompiled":
+    if args.action == "load-precompiled":
         model = clock.time("build_s", lambda: _build(args, device, dtype))
         fn = clock.time("load_s", lambda: precompile.load_precompiled(_need(args, "precompiled"), model))
-        if device.type == "cuda" and resolve(args.preset).mode == "reduce-overhead":
+        if device.type == "cuda" and _replays(args.preset):
             fn = GraphedCall(fn, name="precompiled")
         first_s, out = first_call(lambda: fn(*inputs), device)
     else:
@@ -183,16 +206,25 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         fn = fullgraph.compile(model, args.preset)
         _, out = first_call(lambda: fn(*inputs), device)
         first_s = time.perf_counter() - start
+    if args.action == "save-cache":
+        _finish(args, report, fn, inputs, device, first_s, out, timed=False)
+        path = _need(args, "cache")
+        meta = clock.time("save_s", lambda: cache.save_cache(path, preset=args.preset, signature=signature))
+        report.update(file_bytes=os.path.getsize(path), artifacts=meta.artifacts)
+        return
+    _finish(args, report, fn, inputs, device, first_s, out)
+
+
+def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., Any], inputs: tuple[Any, ...],
+            device: torch.device, first_s: float, out: Any, timed: bool = True) -> None:  # fmt: skip
+    """Report the first call (and save its output with --out), then time `--reps` more calls unless not `timed`."""
     report["first_call_s"] = first_s
     report["first_output_s"] = report["load_s"] + first_s
     report["counters"] = _counters()
     if args.out:
         leaves = [t.detach().float().cpu() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         torch.save(leaves, args.out)
-    if args.action == "save-cache":
-        path = _need(args, "cache")
-        meta = clock.time("save_s", lambda: cache.save_cache(path, preset=args.preset, signature=signature))
-        report.update(file_bytes=os.path.getsize(path), artifacts=meta.artifacts)
+    if not timed:
         return
     with torch.no_grad():
         timing = measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(args.reps, 1))

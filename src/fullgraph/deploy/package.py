@@ -250,8 +250,9 @@ def _check_custom_ops(shown: str, meta: Mapping[str, str], ops: Sequence[str]) -
 # ---- the probe: load once in a child process ----------------------------------------------------------------------
 
 _PROBE_CODE = (
-    "import sys, fullgraph.ops; "  # fullgraph.ops registers our custom ops, which a package may call
-    "fullgraph.ops.register_ops(sys.argv[3:]); "  # and those registered on first use, when the package calls them
+    "import importlib, sys; "
+    # fullgraph.ops registers our custom ops, which the package calls when it lists any (and imports Dynamo: only then)
+    "sys.argv[3:] and importlib.import_module('fullgraph.ops').register_ops(sys.argv[3:]); "
     "from fullgraph.deploy.package import open_package; open_package(sys.argv[1], int(sys.argv[2]))"
 )
 
@@ -506,10 +507,11 @@ def load(
     path = os.fspath(path)
     shown = display_path(path)
     sha, meta, ops = _read_package(path)
-    import fullgraph.ops  # registers our custom ops, which the package may call
+    if ops:  # only then: fullgraph.ops imports Dynamo and Triton, which loading a package needs no more
+        import fullgraph.ops  # registers our custom ops, which the package calls
 
-    fullgraph.ops.register_ops(ops)  # and those that register on first use
-    _check_custom_ops(shown, meta, ops)
+        fullgraph.ops.register_ops(ops)  # and those that register on first use
+        _check_custom_ops(shown, meta, ops)
     device = meta.get("AOTI_DEVICE_KEY") or "cpu"
     if cuda_graphs and not device.startswith("cuda"):
         raise UsageError(f"cuda_graphs=True: {shown} runs on {device}; CUDA graphs need a package exported on a GPU")

@@ -51,10 +51,11 @@ KEPT_ENV = (
     *("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "LD_LIBRARY_PATH", "CC", "CXX"),
     *("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS"),
 )
-# Starts the child with its imports timed (under `python -m`, fullgraph.deploy would import torch before the clock).
+# Starts the child with its imports timed (under `python -m`, fullgraph.deploy would import torch before the clock):
+# torch, then what the action imports (`prepare`: the package route only what `fullgraph.deploy.load` needs).
 BOOT = (
     "import sys, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
-    "import fullgraph.compile, fullgraph.deploy.coldstart as c; t2 = time.perf_counter(); "
+    "import fullgraph.deploy.coldstart as c; c.prepare(sys.argv[1]); t2 = time.perf_counter(); "
     "sys.exit(c.main(sys.argv[1:], clock=(t0, t1, t2)))"
 )
 
