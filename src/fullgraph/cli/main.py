@@ -25,6 +25,7 @@ COMMANDS = {
     "tune": ("fullgraph.cli.tune_cmd", "search presets x modes x dtypes x op policies in a budget; write the fastest"),
     "export": ("fullgraph.cli.export_cmd", "build an AOTInductor package (.pt2) of a model, then load and check it"),
     "load": ("fullgraph.cli.export_cmd", "load an AOTInductor package safely and run it once: times and output shapes"),
+    "cache": ("fullgraph.cli.cache_cmd", "a fleet's compile cache on Redis: warm it from one machine, show its stats"),
 }
 
 

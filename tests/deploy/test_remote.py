@@ -1,0 +1,215 @@
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+from fullgraph.deploy._common import environment
+from fullgraph.deploy.remote import (
+    MAGIC,
+    RemoteCacheWarning,
+    entries,
+    remote_cache,
+    unwrap,
+    wrap,
+)
+from fullgraph.deploy.remote_server import free_port
+from fullgraph.errors import UsageError
+from tests.redis_server import redis_fixture  # noqa: F401  (the fixture `redis`)
+
+redis_client = pytest.importorskip("redis", reason="needs the redis client: pip install 'fullgraph[remote]'")
+
+KEY = "test-signing-key"
+TIMEOUT = 0.5
+# A child process with an empty local cache: turn on the remote cache, compile, print counters and our stats.
+CHILD = """
+import json, sys, torch
+from fullgraph.deploy.remote import remote_cache
+from torch._dynamo.utils import counters
+url, password, key = sys.argv[1:4]
+fleet = remote_cache(url, password=password, key=key)
+torch.manual_seed(0)
+x, w, b = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
+out = torch.compile(lambda x, w, b: torch.addmm(b, x, w))(x, w, b)
+print(json.dumps({"inductor": dict(counters["inductor"]), "aot": dict(counters["aot_autograd"]),
+                  "stats": fleet.stats(), "err": (out - torch.addmm(b, x, w)).abs().max().item()}))
+"""
+
+
+def _child(redis, tmp_path, name):
+    cache = tmp_path / name
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONWARNINGS": "default"}
+    proc = subprocess.run([sys.executable, "-c", CHILD, redis.url, redis.password, KEY], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_hits_from_redis_with_empty_local_cache(redis, tmp_path):
+    first = _child(redis, tmp_path, "first")
+    assert first["stats"]["put"] >= 1 and first["err"] < 1e-5
+    second = _child(redis, tmp_path, "second")
+    assert second["inductor"].get("fxgraph_cache_hit") == 1
+    assert not second["inductor"].get("fxgraph_cache_miss")
+    assert second["aot"].get("autograd_cache_hit") == 1 and not second["aot"].get("autograd_cache_miss")
+    assert second["stats"]["refused"] == 0 and second["stats"]["miss"] == 0 and second["err"] < 1e-5
+    found = entries(redis.url, password=redis.password)
+    assert found["fx-graph-v1"]["entries"] >= 1 and found["fx-graph-v1"]["hits"] >= 1
+
+
+# ---- in this process: only the remote cache is asked (local caches off), Dynamo reset before each compile --------
+
+
+def _compile_once(seed=1):
+    """Compile and run a small graph with only the remote caches on; the output's error against eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    x, w = torch.randn(6, 10), torch.randn(10, 3)
+    fn = torch.compile(lambda x, w: torch.relu(x @ w) * 2)
+    patches = (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    )
+    with patches[0], patches[1]:
+        out = fn(x, w)
+    return (out - torch.relu(x @ w) * 2).abs().max().item()
+
+
+def _torch_entries(redis):
+    c = redis_client.Redis.from_url(redis.url, password=redis.password)
+    return c, [k.decode() for k in c.scan_iter(match="pt2:*")]
+
+
+def _rewrite(redis, change):
+    """Rewrite every entry (FX graph and AOTAutograd) in Redis with `change(key, payload) -> bytes`."""
+    c, keys = _torch_entries(redis)
+    assert any(k.startswith("pt2:fx-graph-v1::") for k in keys)
+    for k in keys:
+        payload, why = unwrap(KEY.encode(), k, c.get(k), environment())
+        assert why is None
+        c.set(k, change(k, payload))
+
+
+def _refused_after(redis, change, match):
+    _torch_entries(redis)[0].flushdb()  # only this test's entries
+    with remote_cache(redis.url, password=redis.password, key=KEY) as fleet:
+        assert _compile_once() < 1e-5
+        _rewrite(redis, change)
+        with pytest.warns(RemoteCacheWarning, match=match) as caught:
+            assert _compile_once() < 1e-5  # refused, compiled locally: still correct
+        stats = fleet.stats()
+    lines = [str(w.message) for w in caught if issubclass(w.category, RemoteCacheWarning)]
+    assert all("\n" not in line for line in lines)
+    assert stats["by_cache"].get("fx-graph-v1.refused") == 1 and stats["hit"] == 0 and stats["off"] is None
+
+
+def test_entry_from_another_torch_is_refused(redis):
+    here = torch.__version__
+    other = "2.11.0" if here != "2.11.0" else "2.13.0"
+
+    def foreign(key, payload):
+        return wrap(KEY.encode(), key, payload, {**environment(), "torch": other})
+
+    _refused_after(redis, foreign, re.escape(f"torch {other} there, {here} here"))
+
+
+def test_entry_with_bad_signature_is_refused(redis):
+    def tampered(key, payload):
+        good = wrap(KEY.encode(), key, payload, environment())
+        return good[:-1] + bytes([good[-1] ^ 1])
+
+    _refused_after(redis, tampered, "bad signature")
+
+
+def test_entry_written_by_torch_itself_is_refused(redis):
+    _refused_after(redis, lambda key, payload: payload, "not signed by fullgraph")
+
+
+def test_wrong_password_is_reported_once(redis):
+    with warnings.catch_warnings(record=True) as caught, remote_cache(redis.url, password="wrong", key=KEY) as fleet:
+        warnings.simplefilter("always")
+        assert _compile_once(2) < 1e-5
+        assert _compile_once(3) < 1e-5
+        stats = fleet.stats()
+    said = [str(w.message) for w in caught if issubclass(w.category, RemoteCacheWarning)]
+    assert len(said) == 1 and "refused the password" in said[0] and "compiling locally" in said[0], said
+    assert stats["skipped"] >= 1 and stats["hit"] == stats["put"] == 0
+
+
+def _timed_without_redis(url, password, match):
+    """Compile with Redis unusable: the wait for Redis stays within one timeout, and only the first op waits."""
+    _compile_once(4)  # the same graph compiled locally first: C++ and Python imports warm, a fair baseline
+    start = time.perf_counter()
+    _compile_once(5)
+    local_s = time.perf_counter() - start
+    with pytest.warns(RemoteCacheWarning, match=match), remote_cache(url, password=password, key=KEY,
+                                                                      timeout=TIMEOUT) as fleet:  # fmt: skip
+        start = time.perf_counter()
+        assert _compile_once(6) < 1e-5
+        remote_s = time.perf_counter() - start
+        stats = fleet.stats()
+    assert stats["slowest_s"] <= TIMEOUT * 1.2 + 0.05, stats
+    assert stats["redis_s"] <= TIMEOUT * 1.2 + 0.1, stats
+    assert stats["skipped"] >= 1  # later lookups and writes did not ask Redis
+    assert remote_s <= local_s + TIMEOUT + 1.0, (remote_s, local_s)
+
+
+def test_refused_connection_costs_at_most_one_timeout():
+    _timed_without_redis(f"redis://127.0.0.1:{free_port()}/0", "pw", "compiling locally")
+
+
+def test_paused_redis_costs_at_most_one_timeout(redis):
+    os.kill(redis.pid, signal.SIGSTOP)
+    try:
+        _timed_without_redis(redis.url, redis.password, f"did not answer within {TIMEOUT:g} s")
+    finally:
+        os.kill(redis.pid, signal.SIGCONT)
+
+
+# ---- entries, arguments ------------------------------------------------------------------------------------------
+
+
+def test_wrap_and_unwrap():
+    env = {"torch": "2.13.0", "triton": "3.8.0", "fullgraph": "0.1", "device": "cpu", "capability": None}
+    data = wrap(b"k", "pt2:fx-graph-v1::abc:c1", b"payload\nwith lines", env)
+    assert data.startswith(MAGIC)
+    assert unwrap(b"k", "pt2:fx-graph-v1::abc:c1", data, env) == (b"payload\nwith lines", None)
+    assert "bad signature" in unwrap(b"other", "pt2:fx-graph-v1::abc:c1", data, env)[1]
+    assert "bad signature" in unwrap(b"k", "pt2:fx-graph-v1::moved:c1", data, env)[1]  # moved to another key
+    assert unwrap(b"k", "pt2:fx-graph-v1::abc:c1", data, {**env, "device": "NVIDIA H200", "capability": "9.0"})[1] == (
+        "device cpu there, NVIDIA H200 here, capability None there, 9.0 here"
+    )
+
+
+def test_arguments_are_checked(monkeypatch):
+    monkeypatch.delenv("FULLGRAPH_REMOTE_CACHE", raising=False)
+    monkeypatch.delenv("FULLGRAPH_REMOTE_CACHE_KEY", raising=False)
+    with pytest.raises(UsageError, match="FULLGRAPH_REMOTE_CACHE"):
+        remote_cache()
+    with pytest.raises(UsageError, match="signing key"):
+        remote_cache("redis://127.0.0.1:1/0", password="pw")
+    with pytest.raises(UsageError, match="password"):
+        remote_cache("redis://127.0.0.1:1/0", key=KEY)
+    with pytest.raises(UsageError, match="rediss://"):
+        remote_cache("http://127.0.0.1:1/0", password="pw", key=KEY)
+
+
+def test_environment_variables_and_url_password(monkeypatch):
+    monkeypatch.setenv("FULLGRAPH_REMOTE_CACHE", "rediss://:secret@cache.example:6380/2")
+    monkeypatch.setenv("FULLGRAPH_REMOTE_CACHE_KEY", KEY)
+    with remote_cache() as fleet:  # nothing is contacted before a compile asks
+        assert fleet.url == "rediss://cache.example:6380/2"
+        kwargs = fleet.backend._client.connection_pool.connection_kwargs
+        assert kwargs["password"] == "secret" and kwargs["socket_timeout"] == 1.0
+
+
+def test_missing_client_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(Exception, match=r"pip install 'fullgraph\[remote\]'"):
+        remote_cache("redis://127.0.0.1:1/0", password="pw", key=KEY)
