@@ -178,6 +178,28 @@ SUITES = {
             ("--input-sets", {"type": int, "default": 8, "help": "distinct random input sets (default 8)"}),
         ],
     ),
+    "fleet": (
+        "fullgraph.bench.suites.fleet",
+        "replica processes with empty local caches against one Redis: first output, remote hits, compile time saved",
+        [
+            ("--replicas", {"type": int, "default": 4, "help": "replica processes per variant (default 4)"}),
+            ("--variants", {"help": "sequential (one after another), together (all at once); default both"}),
+            ("--model", {"help": "as coldstart's --model (default vit_b16 on GPU, vit_mini on CPU)"}),
+            ("--batch", {"type": int, "help": "batch size (default 4 on GPU, 2 on CPU)"}),
+            ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
+            ("--preset", {"help": "fullgraph.compile preset (default perception on GPU, dev on CPU)"}),
+            ("--depth", {"type": int, "help": "blocks (default: the model's)"}),
+            (
+                "--remote",
+                {
+                    "metavar": "URL",
+                    "help": "a Redis of yours, redis://:PASSWORD@HOST:PORT (default: "
+                    "a private redis-server for the run); databases 0 and 1 are used",
+                },
+            ),
+            ("--timeout", {"type": float, "help": "seconds one process may take (default 900)"}),
+        ],
+    ),
     "all": (
         "fullgraph.bench.suites.all_suites",
         "vit, nms, robot and dit one after another, each with its defaults, each table printed as it finishes",
@@ -221,9 +243,20 @@ def _load_sources(args):
                                   deploy.load_precompiled, say)}  # fmt: skip
 
 
+@contextlib.contextmanager
+def _fleet_sources(args):
+    """What `bench fleet` takes from above bench: a private redis-server, and this command's progress."""
+    from fullgraph.bench.suites.fleet import Sources
+    from fullgraph.cli.progress import progress_reporter
+    from fullgraph.deploy.remote_server import redis_server
+
+    with progress_reporter() as say:
+        yield {"sources": Sources(redis_server, say)}
+
+
 # suite -> a context around its run yielding the keyword arguments its run takes besides `args`: for a suite that needs
 # what only the command line may import (DESIGN.md, Layers)
-NEEDS = {"load": _load_sources}
+NEEDS = {"load": _load_sources, "fleet": _fleet_sources}
 
 
 def run(args) -> int:

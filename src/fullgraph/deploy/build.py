@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+import fullgraph.ops  # noqa: F401 - compiling here: our ops registered and torch's compile caches tagged first
 from fullgraph._files import disk_full, temp_dir_beside
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+import fullgraph.ops  # noqa: F401 - compiling here: our ops registered and torch's compile caches tagged first
 from fullgraph._paths import display_path
 from fullgraph.deploy._common import (
     DeployError,
