@@ -32,6 +32,18 @@ def test_no_arguments_runs_the_demo_and_writes_both_reports(tmp_path):
     assert "graph breaks: compiling" in r.stderr  # progress lines while it works
 
 
+def test_a_skipped_frame_is_the_headline_and_the_models_prints_are_not_echoed(tmp_path):
+    """Issue 34, items 4 and 7: the target's forward prints once per image; nothing of it comes before the report,
+    and the report says first that forward ran eagerly, with the `if` line's own fix."""
+    target = os.path.join(os.path.dirname(__file__), "..", "diagnose", "targets", "breaks.py")
+    r, _ = doctor_cli(tmp_path, f"{os.path.abspath(target)}:skipped", "--mode", "eager,default", "--no-profile")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("fullgraph doctor: "), r.stdout[:200]
+    assert "image done" not in r.stdout.splitlines()  # as a line of its own: the lint table quotes the print
+    assert r.stdout.index("ran eagerly: forward was not compiled") < r.stdout.index("graph breaks: 0")
+    assert "fix: a condition on a tensor's value: compute both branches and pick with torch.where" in r.stdout
+
+
 @pytest.mark.parametrize(
     ("body", "args", "message"),
     [

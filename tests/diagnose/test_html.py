@@ -15,6 +15,7 @@ import pytest
 from markupsafe import escape
 
 import fullgraph.diagnose.html as html_module
+import fullgraph.diagnose.schema as schema_module
 from fullgraph.bench.breakdown import Breakdown, ClassTime
 from fullgraph.diagnose.html import CLASS_COLOURS, HIGHLIGHT, render_html
 from fullgraph.diagnose.report import ConfigResult, Finding, GraphBreak, Report
@@ -128,9 +129,11 @@ def test_page_is_self_contained():
 def test_template_ships_as_package_data_and_html_never_imports_report():
     templates = resources.files("fullgraph.diagnose") / "templates"
     assert (templates / "report.html.j2").is_file() and (templates / "report.css.j2").is_file()
-    tree = ast.parse(Path(html_module.__file__).read_text())
-    top_imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert all(getattr(n, "module", "") != "fullgraph.diagnose.report" for n in top_imports)
+    # No cycle, not even for types (issue 34, item 7): report -> html -> schema, and schema imports neither.
+    for module, banned in ((html_module, {"report"}), (schema_module, {"report", "html"})):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not imported & {f"fullgraph.diagnose.{b}" for b in banned}, (module.__name__, imported)
 
 
 def test_paths_are_shown_relative_to_the_working_folder():

@@ -1,5 +1,6 @@
 """The doctor's terminal summary: every section with its count, paths relative, text literal, plain off a terminal."""
 
+import dataclasses
 import io
 import os
 import re
@@ -7,7 +8,8 @@ import re
 from rich.console import Console
 
 from fullgraph.bench.kernel_classes import short_name
-from fullgraph.diagnose.report import GraphBreak, Report
+from fullgraph.diagnose.html import render_html
+from fullgraph.diagnose.report import GraphBreak, Recompile, Report
 from fullgraph.diagnose.summary import LOG_WIDTH, format_summary, print_summary
 from tests.diagnose.full_report import HOSTILE, LONG_SOURCE, NOISY, RECOMMENDED, WRONG, full_report
 
@@ -150,3 +152,12 @@ def test_print_summary_off_a_terminal_is_plain_stdout(capsys):
     out, err = capsys.readouterr()
     assert err == "" and "\x1b" not in out and "recommendation: " in out
     assert max(len(line) for line in out.splitlines()) <= LOG_WIDTH
+
+
+def test_one_cause_is_one_cause():
+    """Issue 34, item 7: "recompiles: 3 from 1 cause", never "1 causes"."""
+    cause = Recompile("forward", "m.py", 3, "batch", "size mismatch at index 0", "declare it dynamic", count=3)
+    text = format_summary(dataclasses.replace(full_report(), recompiles=[cause]), width=WIDE)
+    assert re.search(r"^recompiles: 3 from 1 cause$", text, re.M), text
+    page = render_html(dataclasses.replace(full_report(), recompiles=[cause]))
+    assert 'Recompiles <span class="count">(1 cause, 3 recompiles)</span>' in page

@@ -65,6 +65,7 @@ def add_parser(sub, name: str, help_text: str) -> None:
 def run(args) -> int:
     import torch
 
+    from fullgraph._capture import capture_output
     from fullgraph.cli.progress import progress_reporter
     from fullgraph.diagnose.configs import build, check_modes
     from fullgraph.diagnose.demo import DEMO_INPUTS
@@ -92,7 +93,8 @@ def run(args) -> int:
         # A model that fails in eager mode is the user's bug to fix first: say so in one line. It runs in the dtype
         # asked for, else its inputs' (`--input 4x64:bf16` alone means a bf16 model).
         dtype = (dtypes or [example.floating_dtype() or torch.float32])[0]
-        with torch.no_grad():
+        # The model's prints are held, not echoed before the report: the doctor counts them in its own calls.
+        with torch.no_grad(), capture_output(stdout=True, stderr=False):
             try:
                 example.cast(dtype).call(build(model, "eager", dtype))
             except Exception as e:

@@ -12,16 +12,14 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 from markupsafe import Markup, escape
 
 from fullgraph._paths import display_path
-
-if TYPE_CHECKING:  # types only: report.py imports this module to render itself, so no import back at run time
-    from fullgraph.bench.breakdown import Breakdown
-    from fullgraph.diagnose.report import ConfigResult, Report
+from fullgraph.bench.breakdown import Breakdown
+from fullgraph.diagnose.schema import ConfigResult, ReportData, plural
 
 HIGHLIGHT = "#2563eb"  # the recommended config's bar; used nowhere else, so a screenshot can be searched for it
 CLASS_COLOURS = {  # kernel classes in the breakdown bars; none near HIGHLIGHT
@@ -65,7 +63,7 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_html(report: Report) -> str:
+def render_html(report: ReportData) -> str:
     """The whole report as one HTML page: inline CSS and SVG, no script, nothing fetched, so it opens offline."""
     rec = report.recommendation
     return (
@@ -101,11 +99,6 @@ def sci(value: float | None) -> str:
 
 def mib(nbytes: int | None) -> str:
     return _DASH if nbytes is None else f"{nbytes / 2**20:,.1f}"
-
-
-def plural(n: int, word: str) -> str:
-    """ "1 place", "2 places"."""
-    return f"{n} {word if n == 1 else word + 's'}"
 
 
 def pct(fraction: float | None, digits: int = 0) -> str:
@@ -176,7 +169,7 @@ def _nice_step(top: float) -> float:
     return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
 
 
-def _chart(r: Report) -> Chart:
+def _chart(r: ReportData) -> Chart:
     """Horizontal bars of median latency with p20–p80 whiskers, one row per config, on a shared linear axis."""
     timed = [c for c in r.configs if c.median_ms is not None]
     top = max((max(c.median_ms, c.p80_ms or 0.0) for c in timed), default=1.0) or 1.0
@@ -191,7 +184,7 @@ def _chart(r: Report) -> Chart:
     return Chart(_WIDTH, bottom + _AXIS_H, _X0, _X1, _BAR_H, bottom, [(x(t), f"{t:.6g}") for t in ticks], rows)
 
 
-def _chart_row(c: ConfigResult, cy: float, x: Any, r: Report) -> ChartRow:
+def _chart_row(c: ConfigResult, cy: float, x: Any, r: ReportData) -> ChartRow:
     """The recommended config is drawn in HIGHLIGHT; failed and over-tolerance configs are greyed and carry their
     reason, so a fast but wrong bar is never mistaken for a usable one. A noisy row says so, with its spread."""
     label, _ = status(c)

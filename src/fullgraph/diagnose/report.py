@@ -1,204 +1,37 @@
-"""The doctor's report: frozen dataclasses with a JSON round trip (schema in docs/doctor.md).
-
-Every section is data; rendering (terminal, JSON, HTML) lives elsewhere and reads only these fields.
+"""The doctor's report: the data of `schema.py` (frozen dataclasses with a JSON round trip, schema in
+docs/doctor.md), and saving it as an HTML page through `html.py`. The arrows point one way: report -> html ->
+schema, and report -> schema.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from dataclasses import dataclass, field
-from typing import Any
 
 from fullgraph._files import write_atomic
-from fullgraph.bench.breakdown import Breakdown
-from fullgraph.diagnose.html import plural, render_html
-
-SCHEMA_VERSION = 2
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One lint finding: where, which rule, what is wrong and how to fix it."""
-
-    path: str
-    line: int
-    col: int
-    rule: str  # rule id, e.g. "FG001"
-    message: str
-    fix: str
+from fullgraph.diagnose.html import render_html
+from fullgraph.diagnose.schema import (
+    SCHEMA_VERSION,
+    ChecklistItem,
+    ConfigResult,
+    Finding,
+    GraphBreak,
+    Recommendation,
+    Recompile,
+    ReportData,
+    break_count,
+    break_summary,
+    plural,
+)
 
 
-@dataclass(frozen=True)
-class GraphBreak:
-    """One graph break from a real Dynamo run, located in the user's code."""
-
-    file: str
-    line: int
-    function: str
-    source: str  # the user's source line, stripped
-    reason: str  # Dynamo's reason, first line
-    gb_id: str  # torch's graph-break registry id ("GB0123"), "" where torch ships none
-    gb_type: str  # the registry's short name for the break
-    hint: str  # torch's hint, where the registry has one
-    fix: str  # ours
-    count: int = 1  # times this place broke the graph in one call (a break in a per-image loop: once per image)
-    skipped: str = ""  # why Dynamo skipped the whole function and ran it eagerly here; "" for an ordinary break
-
-
-def break_count(graph_count: int, breaks: list[GraphBreak]) -> int:
-    """explain's count (graphs less one) when it is sane (>= 0), else the ordinary breaks' hits; never a skip."""
-    if graph_count >= 1:
-        return graph_count - 1
-    return sum(g.count for g in breaks if not g.skipped)
-
-
-def break_summary(graph_count: int, breaks: list[GraphBreak]) -> str:
-    """ "8 graph breaks at 2 places" (or "0 graph breaks"): the one wording of the count, with its places."""
-    n = break_count(graph_count, breaks)
-    places = len([g for g in breaks if not g.skipped])
-    return plural(n, "graph break") + (f" at {plural(places, 'place')}" if places else "")
-
-
-@dataclass(frozen=True)
-class Recompile:
-    """One cause of recompilation: the guard that failed, on which variation of the inputs, and the fix.
-
-    Guard failures with the same cause (one per graph fragment of a broken function, or repeated over calls)
-    are folded into one entry; `count` says how many there were."""
-
-    function: str  # user-facing: "forward", or "forward (after the break at line 32)" for a resumed fragment
-    file: str
-    line: int
-    trigger: str  # what was varied: "batch", "seq", "dtype", or "inputs" (the given inputs themselves)
-    guard_failure: str
-    fix: str
-    count: int = 1  # guard failures folded into this cause
-
-
-@dataclass(frozen=True)
-class ConfigResult:
-    """One way of running the model (eager or a compile mode, one dtype), measured side by side."""
-
-    name: str  # "eager fp32", "compile max-autotune bf16"
-    mode: str  # "eager" or the torch.compile mode
-    dtype: str
-    median_ms: float | None = None
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    compile_s: float | None = None  # first call, compilation included
-    peak_memory_bytes: int | None = None
-    rel_err: float | None = None  # against eager fp32: ||out - ref|| / ||ref||
-    tolerance: float | None = None  # the bound rel_err was held to for this dtype
-    error: str | None = None  # why it could not run, if it could not
-    rounds: int = 0  # interleaved timing rounds this row took part in
-    spread: float | None = None  # round-to-round spread of the median: (max - min) / median over the rounds
-    noisy: bool = False  # p80/p20 or round-to-round spread too wide even after re-measuring
-    round_ms: list[float] = field(default_factory=list)  # median per interleaved round, in round order
-    ops: dict[str, str] = field(default_factory=dict)  # op policies the row ran under; {} = every op's default
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.rel_err is not None and self.rel_err <= (self.tolerance or 0.0)
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    config: str  # ConfigResult.name
-    speedup: float | None  # over `baseline`
-    code: str  # the exact code to use
-    baseline: str | None = None  # the configuration the speed-up is over: eager fp32, else the table's eager row
-    tie: list[str] = field(default_factory=list)  # other rows within 3% or within noise of the fastest
-    reason: str = ""  # one line: why this row (fastest; or simplest of a tie)
-
-    @property
-    def versus(self) -> str:
-        """ "5.23x eager fp32", or "" when the table has no eager row to compare with, or it is that row."""
-        if not self.speedup or not self.baseline or self.baseline == self.config:
-            return ""
-        return f"{self.speedup:.2f}x {self.baseline}"
-
-
-@dataclass(frozen=True)
-class ChecklistItem:
-    item: str
-    status: str  # "pass", "fail" or "not-measured"
-    evidence: str
-
-
-@dataclass(frozen=True)
-class Report:
-    target: str
-    device: str
-    inputs: list[str]  # input specs, "4x3x224x224:float32"
-    environment: dict[str, Any]
-    lint: list[Finding] = field(default_factory=list)
-    graph_count: int = 0
-    graph_breaks: list[GraphBreak] = field(default_factory=list)
-    recompiles: list[Recompile] = field(default_factory=list)
-    cudagraph_skips: list[str] = field(default_factory=list)
-    configs: list[ConfigResult] = field(default_factory=list)
-    recommendation: Recommendation | None = None
-    checklist: list[ChecklistItem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    breakdowns: list[Breakdown] = field(default_factory=list)  # eager and the recommended row, profiled
-    output: list[str] = field(default_factory=list)  # one line per kind of output the model or libraries printed
-    timing: dict[str, Any] = field(default_factory=dict)  # how rows were timed: threads, rounds, method
-    schema_version: int = SCHEMA_VERSION
-
-    @property
-    def breaks(self) -> list[GraphBreak]:
-        """The places where a graph broke and compiling went on; skipped frames are not among them."""
-        return [g for g in self.graph_breaks if not g.skipped]
-
-    @property
-    def skipped_frames(self) -> list[GraphBreak]:
-        """The places where Dynamo gave up on a whole function and ran it eagerly, with why."""
-        return [g for g in self.graph_breaks if g.skipped]
-
-    @property
-    def graph_break_count(self) -> int:
-        """The one count of breaks every surface states: torch._dynamo.explain's (graphs captured, less one) where
-        that is sane; with no graph captured (explain says -1), the breaks recorded outside skipped frames."""
-        return break_count(self.graph_count, self.graph_breaks)
-
-    @property
-    def break_summary(self) -> str:
-        """ "8 graph breaks at 2 places": the count, then the places in the code."""
-        return break_summary(self.graph_count, self.graph_breaks)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["graph_break_count"], d["graph_break_places"] = self.graph_break_count, len(self.breaks)
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Report:
-        d = dict(d)
-        for derived in ("graph_break_count", "graph_break_places"):  # written for readers, computed again here
-            d.pop(derived, None)
-        if d.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"report schema {d.get('schema_version')} is not {SCHEMA_VERSION}; re-run the doctor")
-        d["lint"] = [Finding(**f) for f in d.get("lint", [])]
-        d["graph_breaks"] = [GraphBreak(**g) for g in d.get("graph_breaks", [])]
-        d["recompiles"] = [Recompile(**r) for r in d.get("recompiles", [])]
-        d["configs"] = [ConfigResult(**c) for c in d.get("configs", [])]
-        d["checklist"] = [ChecklistItem(**c) for c in d.get("checklist", [])]
-        d["breakdowns"] = [Breakdown.from_dict(b) for b in d.get("breakdowns", [])]
-        if d.get("recommendation") is not None:
-            d["recommendation"] = Recommendation(**d["recommendation"])
-        return cls(**d)
-
-    @classmethod
-    def from_json(cls, text: str) -> Report:
-        return cls.from_dict(json.loads(text))
-
-    def save_json(self, path: str | os.PathLike) -> None:
-        write_atomic(path, self.to_json())
+class Report(ReportData):
+    """The doctor's report: its data (`ReportData`), saved as JSON or as one self-contained HTML page."""
 
     def save_html(self, path: str | os.PathLike) -> None:
         write_atomic(path, render_html(self))
+
+
+__all__ = [
+    "SCHEMA_VERSION", "ChecklistItem", "ConfigResult", "Finding", "GraphBreak", "Recommendation", "Recompile",
+    "Report", "ReportData", "break_count", "break_summary", "plural",
+]  # fmt: skip
