@@ -29,3 +29,16 @@ def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):
     if weight is not None:
         y = y * weight.double()
     return y + bias.double() if bias is not None else y
+
+
+def poison_new_tensors(monkeypatch) -> None:
+    """Make every float tensor `torch.empty` and `torch.empty_like` return start as NaN (the launchers allocate their
+    outputs with them), so an element the kernel never writes shows as NaN instead of passing on leftover memory."""
+    for name in ("empty", "empty_like"):
+        make = getattr(torch, name)
+
+        def poisoned(*args, make=make, **kwargs):
+            t = make(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+
+        monkeypatch.setattr(torch, name, poisoned)

@@ -3,7 +3,7 @@ import torch
 
 import fullgraph.ops  # noqa: F401  (registers torch.ops.fullgraph.*)
 from fullgraph.kernels.layer_norm import layer_norm_fwd, layer_norm_modulate_fwd, layer_norm_modulate_residual_fwd
-from tests.kernels.reference import assert_close, layer_norm_ref
+from tests.kernels.reference import assert_close, layer_norm_ref, poison_new_tensors
 from tests.kernels.test_modulate import FORMS, form_shapes, gated_residual_ref, modulate_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -92,3 +92,17 @@ def test_layer_norm_modulate_opcheck(triton_device):
     torch.library.opcheck(
         torch.ops.fullgraph.layer_norm_modulate_residual.default, (x, h.requires_grad_(), gate, shift, scale, 1e-6)
     )
+
+
+@pytest.mark.parametrize("width", [72, 88, 112, 123, 1152, 1408])
+def test_every_head_dim_and_width(triton_device, monkeypatch, width):
+    # rows held as power-of-two pieces: the mean and variance are sums over pieces, the last piece masked
+    poison_new_tensors(monkeypatch)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, h = (torch.randn(2, 3, width, device=triton_device, dtype=dtype) * 2 + 3 for _ in range(2))
+        w, b = (torch.randn(width, device=triton_device, dtype=dtype) for _ in range(2))
+        assert_close(layer_norm_fwd(x, w, b, 1e-5), layer_norm_ref(x, w, b), dtype)
+        gate, shift, scale = (torch.randn(2, 1, width, device=triton_device, dtype=dtype) for _ in range(3))
+        y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6)
+        assert_close(s, layer_norm_modulate_ref(x, shift, scale, h, gate)[1], dtype)
+        assert_close(y, layer_norm_modulate_ref(s, shift, scale)[0], dtype, scale=2)

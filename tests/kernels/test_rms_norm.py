@@ -3,7 +3,7 @@ import torch
 
 import fullgraph.ops  # noqa: F401  (registers torch.ops.fullgraph.*)
 from fullgraph.kernels.rms_norm import rms_norm_fwd, rms_norm_residual_fwd
-from tests.kernels.reference import REL_TOL, assert_close, rms_norm_ref
+from tests.kernels.reference import REL_TOL, assert_close, poison_new_tensors, rms_norm_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(1, 63), (7, 128), (7, 3072), (3, 5120), (2, 3, 63)]
@@ -78,3 +78,17 @@ def test_tolerances_are_tight_enough_to_catch_a_wrong_eps(triton_device):
     assert_close(out, rms_norm_ref(x, eps=1e-2), torch.float32)
     wrong = rms_norm_ref(x, eps=1e-6)
     assert ((out.double() - wrong).norm() / wrong.norm()).item() > REL_TOL[torch.float32] * 100
+
+
+# head dims of real models (q/k norms) and their widths (DiT-XL 1152, ViT-H 1280, 1408), and an odd width: rows held
+# as power-of-two pieces (72 = 64 + 8, 1408 = 1024 + 256 + 128, 123 = 64 + 32 + 32 masked)
+@pytest.mark.parametrize("width", [64, 72, 80, 88, 96, 112, 128, 123, 1152, 1280, 1408])
+def test_every_head_dim_and_width(triton_device, monkeypatch, width):
+    poison_new_tensors(monkeypatch)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r = (torch.randn(5, width, device=triton_device, dtype=dtype) * 2 + 0.5 for _ in range(2))
+        w = torch.randn(width, device=triton_device, dtype=dtype)
+        assert_close(rms_norm_fwd(x, w, 1e-6), rms_norm_ref(x, w), dtype)
+        y, s = rms_norm_residual_fwd(x, r, w, 1e-6)
+        assert_close(s, x.double() + r.double(), dtype)
+        assert_close(y, rms_norm_ref(s, w), dtype)

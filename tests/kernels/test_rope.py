@@ -4,7 +4,7 @@ import torch
 import fullgraph.ops.rope  # noqa: F401  (registers torch.ops.fullgraph.rope, qk_norm_rope and their backwards)
 from fullgraph.kernels.rope import qk_norm_rope_fwd, rope_fwd
 from fullgraph.ops.rope import rope_tables
-from tests.kernels.reference import REL_TOL, assert_close, rel_err, rms_norm_ref
+from tests.kernels.reference import REL_TOL, assert_close, poison_new_tensors, rel_err, rms_norm_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = {"bnsd": 2, "bsnd": 1}
@@ -207,3 +207,30 @@ def test_qk_norm_rope_opcheck(triton_device, layout):
         LAYOUTS[layout],
     )
     torch.library.opcheck(torch.ops.fullgraph.qk_norm_rope.default, args)
+
+
+# head dims of real models: the rotary pairs held as power-of-two pieces (36 pairs = 32 + 4 at head dim 72), each
+# piece's a and b halves together; q and k as views of a [B, N, 3, H, D] projection (strides of D, not of 16)
+@pytest.mark.parametrize("head_dim", [64, 72, 80, 88, 96, 112, 128])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_qk_norm_rope_at_every_head_dim(triton_device, monkeypatch, interleaved, head_dim):
+    poison_new_tensors(monkeypatch)
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(2, 5, 3, 3, head_dim, device=triton_device, dtype=dtype) * 2 + 0.3
+        q, k, _ = qkv.unbind(2)
+        qw, kw = (torch.randn(head_dim, device=triton_device, dtype=dtype) for _ in range(2))
+        cos, sin = make_tables(5, head_dim, triton_device)
+        q_out, k_out = qk_norm_rope_fwd(q, k, qw, kw, cos, sin, 1e-6, 1e-5, interleaved, 1)
+        assert_close(q_out, qk_ref(q, qw, 1e-6, cos, sin, interleaved, 1), dtype)
+        assert_close(k_out, qk_ref(k, kw, 1e-5, cos, sin, interleaved, 1), dtype)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_partial_rotary_at_head_dim_72(triton_device, monkeypatch, interleaved):
+    # 20 pairs (16 + 4) rotated, 32 channels passed through; plain RoPE and the fused norm
+    poison_new_tensors(monkeypatch)
+    x = make_x(2, 3, 5, 72, "bnsd", triton_device, torch.bfloat16)
+    cos, sin = make_tables(5, 40, triton_device)
+    assert_close(rope_fwd(x, cos, sin, interleaved, 2), rope_ref(x, cos, sin, interleaved, 2), torch.bfloat16)
+    q_out, _ = qk_norm_rope_fwd(x, x, None, None, cos, sin, 1e-6, 1e-6, interleaved, 2)
+    assert_close(q_out, qk_ref(x, None, 1e-6, cos, sin, interleaved, 2), torch.bfloat16)

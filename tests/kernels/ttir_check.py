@@ -144,6 +144,20 @@ def cases():
         "qk_norm_rope interleaved partial unweighted",
         lambda: rope.qk_norm_rope_fwd.launcher(q, kv, None, None, cos[:, :40], cos[:, :40], 1e-6, 1e-6, True, 2),
     )
+    # head dim 72 and width 1408: rows in power-of-two pieces, strides not multiples of 16
+    qkv72, w72, cos36 = torch.randn(1, 100, 3, 4, 72, **bf16), torch.randn(72), torch.randn(100, 36)
+    for interleaved in (False, True):
+        yield (
+            f"qk_norm_rope 72 interleaved={int(interleaved)}",
+            lambda i=interleaved: rope.qk_norm_rope_fwd.launcher(
+                qkv72[:, :, 0], qkv72[:, :, 1], w72, w72, cos36, cos36, 1e-6, 1e-6, i, 1
+            ),
+        )
+    x1408, p1408 = torch.randn(2, 3, 1408, **bf16), torch.randn(2, 1, 1408, **bf16)
+    yield (
+        "layer_norm_modulate_residual 1408",
+        lambda: layer_norm.layer_norm_modulate_residual_fwd.launcher(x1408, x1408, p1408, p1408, p1408, 1e-6),
+    )
     yield "modulate", lambda: modulate.modulate_fwd.launcher(x, shift, shift)
     yield "gated_residual", lambda: modulate.gated_residual_fwd.launcher(x, x, shift)
     for tma, ws in ((False, False), (True, False), (True, True)):

@@ -119,21 +119,52 @@ def _current_dispatch_mode():
     return _get_current_dispatch_mode()
 
 
-def row_launch_config(n_cols: int, n_rows: int) -> tuple[int, int, int]:
-    """(BLOCK_N, ROWS per program, num_warps) for a kernel that keeps whole rows in registers.
+def row_pieces(n: int, most: int = 3) -> tuple[int, ...]:
+    """`n` columns as `most` power-of-two pieces, largest first (0 for a piece not needed): each piece but the last
+    is the largest power of two that fits what is left, the last covers the rest rounded up to a power of two.
+    72 -> (64, 8, 0), 88 -> (64, 16, 8), 1408 -> (1024, 256, 128), 123 -> (64, 32, 32): a kernel that holds a row
+    as these pieces uses every lane where one block of next_power_of_2(n) leaves up to half of them idle
+    (72 in 128: 44%)."""
+    pieces = []
+    left = n
+    while left and len(pieces) < most - 1:
+        piece = 1 << (left.bit_length() - 1)
+        pieces.append(piece)
+        left -= piece
+    if left:
+        pieces.append(1 << (left - 1).bit_length())
+    return (*pieces, *([0] * (most - len(pieces))))
 
-    Long rows get one program each and more warps; short rows (q/k norm, 128 wide) are packed many to a
-    program so each program still moves enough bytes to hide memory latency.
+
+def row_launch_config(n_cols: int, n_rows: int) -> tuple[tuple[int, ...], int, int]:
+    """(pieces, ROWS per program, num_warps) for a kernel that keeps whole rows in registers as `row_pieces`.
+
+    Long rows get one program each and more warps; short rows (q/k norm, 72 to 128 wide) are packed many to a
+    program, about 4096 elements each, so each program still moves enough bytes to hide memory latency.
     """
-    import triton
-
-    block_n = triton.next_power_of_2(n_cols)
-    if block_n > MAX_ROW:
+    pieces = row_pieces(n_cols)
+    width = sum(pieces)
+    if width > MAX_ROW:
         raise FullgraphError(f"rows of {n_cols} elements exceed this kernel's limit of {MAX_ROW}")
-    rows = max(1, min(64, 4096 // block_n, triton.next_power_of_2(max(n_rows, 1))))
-    elems = block_n * rows
+    rows = max(1, min(64, 1 << ((4096 // width).bit_length() - 1) if width <= 4096 else 1, _pow2_at_least(n_rows)))
+    elems = width * rows
     num_warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
-    return block_n, rows, num_warps
+    return pieces, rows, num_warps
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def alignment(*strides: int, cap: int = 16) -> int:
+    """The largest power of two (at most `cap`) dividing every stride, in elements: a kernel states it with
+    `tl.multiple_of` on its row offsets, since Triton only knows an integer argument's alignment when it is a
+    multiple of 16 (a head dim of 72 is not), and without it loads and stores go one element at a time."""
+    align = cap
+    for s in strides:
+        while align > 1 and s % align:
+            align //= 2
+    return align
 
 
 MAX_ROW = 32768

@@ -6,7 +6,8 @@
 x is viewed as [G, R, C] rows; shift, scale and gate as [G, C], one parameter row per group of R rows
 (per batch element, or per frame of a video). Memory traffic per element: read x (and h), write y, so
 2·bytes (3·bytes for gated_residual); the parameter rows are tiny next to x and come from L2. Math is in
-float32 whatever the input dtypes; y has x's dtype. Each program covers BLOCK consecutive elements.
+float32 whatever the input dtypes; y has x's dtype. Each program covers BLOCK consecutive elements, so no width or
+head dim pads anything: every lane holds an element but in the last program (100% at 1152, 1280, 1408, any width).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ With so few rows the layer reads its weight once and does little else: its time 
 bandwidth (a DiT's adaLN projection at batch 1, [1, 3072] x [3072, 18432] bf16, reads 113 MB). Each program owns
 BLOCK_N output columns (weight rows) for every row of x, walks K in BLOCK_K chunks with float32 partial sums, and
 reduces them once at the end; the weight tile is loaded once per chunk and used for all M rows of x.
+No width is padded to a power of two: K is walked in BLOCK_K chunks (only the last chunk of a K that is not a multiple
+of BLOCK_K masks lanes: none at 1152, 1280, 1408 or 3072) and N in BLOCK_N columns; only M pads, to 1, 2, 4 or 8 rows.
 """
 
 from __future__ import annotations
