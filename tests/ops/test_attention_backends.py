@@ -154,9 +154,34 @@ def test_compiled_auto_is_torchs_sdpa_not_the_eager_choice(monkeypatch):
 
     spec = ab.spec_of(q, k, None, False)
     monkeypatch.setattr(measured, "_names", {0: "Measured GPU"})
-    monkeypatch.setitem(measured.COMPILED_CHOICE, "Measured GPU", {"attention": "kernel"})
     assert compiled_auto(spec, torch.device("cpu")) == "sdpa"
-    assert measured.compiled_choice("attention", torch.device("cuda", 0)) == "kernel"
+    # attention has no per-shape decision data (issue 32 item 2): compiled auto never picks our kernel from it
+    assert measured.compiled_choice("attention", torch.device("cuda", 0)) == "native"
+
+
+@pytest.mark.parametrize("d", [72, 80, 96])
+def test_auto_never_picks_our_kernel_at_a_head_dim_it_was_not_measured_at(monkeypatch, triton_device, d):
+    # ours first in the preference order, a cached choice of ours, and an in-graph measurement that picks ours:
+    # at head dims other than 64 and 128 auto still goes elsewhere (SDPA under compile)
+    from fullgraph.ops.attention import compiled_auto
+
+    monkeypatch.setitem(ab.PREFERENCE, triton_device, ("triton", "sdpa-math"))
+    q, k, v = qkv(n=8, d=d, device=triton_device)
+    s = ab.spec_of(q, k, None, False)
+    assert ab.serve_reason("triton", *s) == ""  # it could serve: the rule, not the table, keeps it out
+    assert "triton" not in ab.candidates(s)
+    ab.save_choice(ab.cache_key(s), "triton")
+    ab.clear_memory()
+    assert attention_choice(q, k, v) != "triton"
+    assert ab.choose_compiled(*s) != "triton"
+    monkeypatch.setattr(measured, "compiled_choice", lambda op, *args, **kwargs: "kernel")  # measured: ours
+    cuda_spec = s._replace(device_type="cuda", device_index=0, dtype="bfloat16")
+    # as if on a GPU where every backend serves (attention.py's own name for serve_reason)
+    monkeypatch.setitem(compiled_auto.__globals__, "serve_reason", lambda backend, *spec: "")
+    assert compiled_auto(cuda_spec, torch.device("cuda", 0)) == "sdpa"
+    assert compiled_auto(cuda_spec._replace(d=64), torch.device("cuda", 0), graphed_fit=True) == "triton"
+    assert compiled_auto(cuda_spec._replace(d=128), torch.device("cuda", 0)) == "triton"  # measured there
+    assert compiled_auto(cuda_spec, torch.device("cuda", 0), graphed_fit=True) == "sdpa"
 
 
 @requires_cuda

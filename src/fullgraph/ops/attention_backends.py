@@ -87,6 +87,17 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "cuda": ("sdpa-cudnn", "sdpa-flash", "flash_attn_3", "flash_attn", "triton", "sdpa-efficient", "sdpa-math"),
     "cpu": ("sdpa-flash", "sdpa-math"),
 }
+# Head dims at which our kernel ("triton") has been measured against SDPA on a GPU (docs/attention-benchmark.md):
+# `auto` never picks it at any other, compiled, cached or eager-timed, since a decision measured at one head dim says
+# nothing about another; naming backend="triton" (the kernel policy) still runs it there.
+TRITON_AUTO_HEAD_DIMS = (64, 128)
+
+
+def auto_may_pick(backend: str, d: int) -> bool:
+    """May `auto` choose `backend` for head dim `d`? Every backend but ours, and ours at its measured head dims."""
+    return backend != "triton" or d in TRITON_AUTO_HEAD_DIMS
+
+
 _MODULES = dict(env.EXTERNAL_ATTENTION)  # backend -> the module it imports, as `fullgraph env` probes them
 _TRITON_MODULE = "fullgraph.kernels.flash_attention"
 
@@ -363,13 +374,17 @@ def candidates(s: Spec, exact_only: bool = True) -> list[str]:
     """Backends that can serve `s` by the table, in the device's preference order (then the others)."""
     order = PREFERENCE.get(s.device_type, ())
     names = [*order, *(b for b in BACKENDS if b not in order)]
-    return [b for b in names if b != "sdpa" and (BACKENDS[b].exact or not exact_only) and not serve_reason(b, *s)]
+    return [
+        b
+        for b in names
+        if b != "sdpa" and (BACKENDS[b].exact or not exact_only) and auto_may_pick(b, s.d) and not serve_reason(b, *s)
+    ]
 
 
 def _cached(s: Spec, key: str) -> str | None:
     for source in (_memory.get, lambda key: load_choices().get(key)):  # the file only when memory has none
         found = source(key)
-        if found in BACKENDS and not serve_reason(found, *s):
+        if found in BACKENDS and auto_may_pick(found, s.d) and not serve_reason(found, *s):
             return found
     return None
 
