@@ -51,18 +51,21 @@ _COMPILING = {
     "save_precompiled": "fullgraph.deploy.precompile",
     "compile_tuned": "fullgraph.deploy.tuned",
     "read_tuned": "fullgraph.deploy.tuned",
+    "FleetCache": "fullgraph.deploy.remote",
+    "RemoteCacheWarning": "fullgraph.deploy.remote",
+    "remote_cache": "fullgraph.deploy.remote",
 }
 # Submodules reached as attributes (`from fullgraph.deploy import cache`), imported on first use the same way.
-_SUBMODULES = {"build", "cache", "coldstart", "precompile", "regional", "tuned"}
+_SUBMODULES = {"build", "cache", "coldstart", "precompile", "regional", "remote", "tuned"}
 _LEAN_SUBMODULES = {"package", "_common", "_calls", "_elf"}
-# Reached only as `fullgraph.deploy.remote_cache` (not in __all__ until its module lands).
-_LATER = {"remote_cache": "fullgraph.deploy.remote"}
 
 __all__ = [
     "CacheMeta",
     "DeployError",
+    "FleetCache",
     "LoadedPackage",
     "PrecompiledModel",
+    "RemoteCacheWarning",
     "aot_options",
     "cache_dir",
     "compile_tuned",
@@ -75,6 +78,7 @@ __all__ = [
     "probe",
     "read_cache",
     "read_tuned",
+    "remote_cache",
     "save_cache",
     "save_cache_in_child",
     "save_precompiled",
@@ -84,10 +88,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LEAN:
         module = _LEAN[name]
-    elif name in _COMPILING or name in _SUBMODULES or name in _LATER:
+    elif name in _COMPILING or name in _SUBMODULES:
         import fullgraph.ops  # noqa: F401 - registers our ops and tags torch's compile caches (see the docstring)
 
-        module = _COMPILING.get(name) or _LATER.get(name) or f"{__name__}.{name}"
+        module = _COMPILING.get(name) or f"{__name__}.{name}"
     elif name in _LEAN_SUBMODULES:
         module = f"{__name__}.{name}"
     else:
@@ -109,4 +113,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs read; nothing here runs
     from fullgraph.deploy.cache import CacheMeta, load_cache, read_cache, save_cache, save_cache_in_child
     from fullgraph.deploy.package import LoadedPackage, inspect_package, load, probe
     from fullgraph.deploy.precompile import PrecompiledModel, load_precompiled, save_precompiled
+    from fullgraph.deploy.remote import FleetCache, RemoteCacheWarning, remote_cache
     from fullgraph.deploy.tuned import compile_tuned, read_tuned
