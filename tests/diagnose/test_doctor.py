@@ -10,6 +10,7 @@ from fullgraph.diagnose import doctor as doc
 from fullgraph.diagnose.configs import NOISY_P80_P20
 from fullgraph.diagnose.demo import demo
 from fullgraph.diagnose.report import Report
+from fullgraph.diagnose.summary import format_summary
 from fullgraph.errors import UsageError
 from fullgraph.timing import busy_cores
 from tests.diagnose import models
@@ -158,3 +159,15 @@ def test_presets_time_as_rows_and_perception_refuses_a_model_with_breaks():
     assert "compiles one graph (fullgraph=True)" in rows["compile perception fp32"].error  # the break, in its row
     with pytest.raises(UsageError, match="unknown mode or preset 'percepton'"):
         doc.doctor(models.Clean(), (torch.randn(4, 16),), modes=["eager", "percepton"])
+
+
+def test_no_fix_cites_a_document_users_lack_nor_a_cuda_epilogue_on_the_cpu(demo_report):
+    """Issue 34, item 7: users have no DESIGN.md; a CPU has no cuBLASLt, and its tanh GELU is not the demo's."""
+    r = demo_report
+    flags = [f for b in r.breakdowns for f in b.flags]
+    fixes = [f.fix for f in flags] + [g.fix for g in r.graph_breaks] + [c.fix for c in r.recompiles]
+    assert fixes and not any("DESIGN.md" in f for f in fixes + [f.fix for f in r.lint])
+    assert "DESIGN.md" not in format_summary(r, width=200)
+    epilogue = [f for f in flags if f.kind == "epilogue-candidate"]
+    assert epilogue, [f.kind for f in flags]  # the demo's GELUs between its Linears, seen on the CPU too
+    assert all("tanh" not in f.fix and "_addmm_activation" not in f.fix for f in epilogue)
