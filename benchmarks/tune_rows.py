@@ -9,39 +9,38 @@ against the measured copy ceiling. The compiled DiT spends 0.358 ms of kernel ti
 3.49 TB/s (benchmarks/results/dit_h200.txt, ninth session), where the copy ceiling puts the floor at ~0.29 ms.
 """
 
-import functools
 import math
 import sys
 
 import torch
 
 from fullgraph.bench import measure, tbps
-from fullgraph.kernels.rms_norm import _row_norm_fwd_kernel
+from fullgraph.kernels import rms_norm, rope
+from fullgraph.kernels._library import row_pieces
 
 SHAPES = [(16384, 4096), (4096, 3072), (65536, 128), (8192, 16384)]
 
 
-def launch(kernel, y, rows, warps, x, w):
-    n, c = x.shape
-    block = 1 << (c - 1).bit_length()
-    kernel[((n + rows - 1) // rows,)](
-        x, x, w, x, y, y, n, c, c, c, c, c, 1e-6,
-        CENTER=False, HAS_RESIDUAL=False, HAS_WEIGHT=True, HAS_BIAS=False, ROWS=rows, BLOCK_N=block, num_warps=warps,
-    )  # fmt: skip
+def pinned_config(modules, rows: int, warps: int) -> None:
+    """`row_launch_config` of each module pinned to (its row pieces, `rows`, `warps`): the library's launchers then
+    run the point being timed."""
+    for module in modules:
+        module.row_launch_config = lambda n_cols, n_rows: (row_pieces(n_cols), rows, warps)
 
 
-def sweep(kernel, r: int, c: int) -> None:
-    block = 1 << (c - 1).bit_length()
+def sweep(r: int, c: int) -> None:
+    block = sum(row_pieces(c))
     nbytes = 2 * r * c * 2
     n_sets = max(2, math.ceil(240e6 / nbytes))
     sets = [
-        (torch.randn(r, c, device="cuda", dtype=torch.bfloat16), torch.randn(c, device="cuda")) for _ in range(n_sets)
+        (torch.randn(r, c, device="cuda", dtype=torch.bfloat16), torch.randn(c, device="cuda", dtype=torch.bfloat16))
+        for _ in range(n_sets)
     ]
-    y = torch.empty(r, c, device="cuda", dtype=torch.bfloat16)
     rows_options = [rows for rows in (1, 2, 4, 8, 16, 32, 64) if 512 <= rows * block <= 32768]
 
     def call_for(rows, warps):
-        return functools.partial(launch, kernel, y, rows, warps)
+        pinned_config([rms_norm], rows, warps)
+        return lambda x, w: rms_norm.rms_norm_fwd.launcher(x, w, 1e-6)
 
     sweep_configs(f"{r}x{c}", call_for, sets, nbytes, block, rows_options, (1, 2, 4, 8, 16, 32))
 
@@ -70,17 +69,19 @@ def sweep_configs(label, call_for, sets, nbytes, block, rows_options, warps_opti
 def main() -> int:
     if "--dit" in sys.argv:
         return sweep_dit(int(sys.argv[sys.argv.index("--dit") + 1]))
-    kernel = _row_norm_fwd_kernel()
+    saved = rms_norm.row_launch_config
     print("shape,rows,warps,us,tbps")
-    for r, c in SHAPES:
-        sweep(kernel, r, c)
+    try:
+        for r, c in SHAPES:
+            sweep(r, c)
+    finally:
+        rms_norm.row_launch_config = saved
     return 0
 
 
 def sweep_dit(tokens: int, dim: int = 3072, heads: int = 24) -> int:
     """The two fused kernels at the DiT's shapes, each (rows, warps) pinned through `row_launch_config`."""
     from fullgraph.bench.ceilings import ceilings_for
-    from fullgraph.kernels import rms_norm, rope
     from fullgraph.kernels.layer_norm import layer_norm_modulate_residual_fwd
     from fullgraph.kernels.rope import qk_norm_rope_fwd
 
@@ -111,13 +112,12 @@ def sweep_dit(tokens: int, dim: int = 3072, heads: int = 24) -> int:
     saved = rms_norm.row_launch_config, rope.row_launch_config
     try:
         for name, module, fn, sets, nbytes, width, rows_options in cases:
-            block = 1 << (width - 1).bit_length()
 
-            def pinned(rows, warps, module=module, fn=fn, block=block):
-                module.row_launch_config = lambda n_cols, n_rows: (block, rows, warps)
+            def pinned(rows, warps, module=module, fn=fn):
+                pinned_config([module], rows, warps)
                 return fn
 
-            sweep_configs(name, pinned, sets, nbytes, block, rows_options, (1, 2, 4, 8, 16), copy)
+            sweep_configs(name, pinned, sets, nbytes, sum(row_pieces(width)), rows_options, (1, 2, 4, 8, 16), copy)
     finally:
         rms_norm.row_launch_config, rope.row_launch_config = saved
     return 0
