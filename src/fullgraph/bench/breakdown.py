@@ -14,6 +14,7 @@ Flags name waste a user can act on, each only when it costs at least `FLAG_MIN_S
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -23,8 +24,9 @@ from typing import Any
 import torch
 
 from fullgraph._capture import quiet_profiler_lines
-from fullgraph.bench.ceilings import ceilings_for, dtype_tag
+from fullgraph.bench.ceilings import ceilings_for, conv_dtype_tag, dtype_tag
 from fullgraph.bench.kernel_classes import (
+    CONV_OP,
     is_layout_conversion,
     is_pointwise,
     short_name,
@@ -119,11 +121,34 @@ def _rate(cls: str, launches: list[Launch]) -> tuple[float | None, str]:
     return (work / scale, "TFLOP/s") if cls in ("gemm", "attention") else (work / scale, "TB/s")
 
 
-def _ceiling(cls: str, ceilings: dict[str, float], dtype: str) -> float | None:
-    if cls in ("gemm", "attention"):
-        gemm = [v for k, v in ceilings.items() if k.startswith("gemm_tflops_")]
-        return ceilings.get(f"gemm_tflops_{dtype}", gemm[0] if len(gemm) == 1 else None)
-    return ceilings.get("copy_tbps") if cls in ("elementwise", "copy") else None
+_CONV_KERNEL = re.compile(r"conv|fprop|dgrad|wgrad", re.I)  # cuDNN's convolution kernels, by name
+
+
+def _is_conv(x: Launch) -> bool:
+    """A convolution's launch (its aten op, or a cuDNN kernel's name): it runs in cuDNN's math mode."""
+    return bool(CONV_OP.search(x.source) or _CONV_KERNEL.search(x.name))
+
+
+def _gemm_ceiling(ceilings: dict[str, float], tag: str) -> float | None:
+    """The GEMM ceiling measured in math mode `tag`; with no tag given, the only one there is."""
+    gemm = [v for k, v in ceilings.items() if k.startswith("gemm_tflops_")]
+    return ceilings.get(f"gemm_tflops_{tag}") if tag else (gemm[0] if len(gemm) == 1 else None)
+
+
+def _ceiling(cls: str, group: Sequence[Launch], ceilings: dict[str, float], dtype: str, conv: str) -> float | None:
+    """The rate the class would reach with every op at its own math mode's ceiling: convolutions at `conv`'s
+    (cuDNN's flag), GEMMs and attention at `dtype`'s (the matmul precision). A class mixing both modes (fp32
+    convolutions in TF32 beside fp32 GEMMs) gets the work-weighted ceiling; None where one is missing."""
+    if cls not in ("gemm", "attention"):
+        return ceilings.get("copy_tbps") if cls in ("elementwise", "copy") else None
+    ops = {x.work_key if x.work_key is not None else id(x): x for x in group if x.work}
+    modes = {k: conv if cls == "gemm" and _is_conv(x) else dtype for k, x in ops.items()}
+    tops = {m: _gemm_ceiling(ceilings, m) for m in set(modes.values()) or {dtype}}
+    if not all(tops.values()):
+        return None
+    if not ops:
+        return tops[dtype]
+    return sum(x.work for x in ops.values()) / sum(x.work / tops[modes[k]] for k, x in ops.items())
 
 
 def summarize(
@@ -138,8 +163,11 @@ def summarize(
     dtype: str = "",
     cuda_graphs: bool = False,
     call_method: str = "",
+    conv_dtype: str | None = None,
 ) -> Breakdown:
-    """Per-call class totals, top kernels and flags from the launches of `calls` calls."""
+    """Per-call class totals, top kernels and flags from the launches of `calls` calls. `dtype` is the math mode
+    of GEMMs ("tf32" for float32 under a TF32 matmul precision), `conv_dtype` that of convolutions (cuDNN's own
+    flag; default: `dtype`); each kernel's rate is judged against its own mode's ceiling."""
     ceilings = dict(ceilings or {})
     kernel_us = sum(x.dur_us for x in launches)
     by_cls: dict[str, list[Launch]] = defaultdict(list)
@@ -150,7 +178,7 @@ def summarize(
         group = by_cls.get(cls, [])
         us = sum(x.dur_us for x in group)
         rate, unit = _rate(cls, group)
-        ceiling = _ceiling(cls, ceilings, dtype)
+        ceiling = _ceiling(cls, group, ceilings, dtype, dtype if conv_dtype is None else conv_dtype)
         pct = 100.0 * rate / ceiling if rate is not None and ceiling else None
         share = us / kernel_us if kernel_us > 0 else 0.0
         classes.append(ClassTime(cls, us / calls / 1e3, share, round(len(group) / calls), rate, unit, pct))
@@ -309,8 +337,10 @@ def profile_breakdown(
         idle = max(0.0, 1.0 - _busy_us(launches) / calls / 1e3 / call_ms)
         dtype = dtype or torch.bfloat16
     ceilings = ceilings_for(device, dtype) if ceilings is None else ceilings
-    tag, kind = dtype_tag(dtype) if dtype else "", device.type
+    tag, conv = (dtype_tag(dtype), conv_dtype_tag(dtype)) if dtype else ("", "")
+    kind = device.type
     args = dict(calls=calls, call_ms=call_ms, idle_share=idle, ceilings=ceilings, dtype=tag, cuda_graphs=cuda_graphs)
+    args["conv_dtype"] = conv
     return summarize(launches, label=label, device=kind, call_method=method, **args)
 
 

@@ -9,10 +9,11 @@ large GEMM on random data (zeros run faster than real data on some GPUs), in the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -89,27 +90,52 @@ def cache_path() -> str:
 
 
 def dtype_tag(dtype: torch.dtype) -> str:
-    """ "bf16", "fp16", "fp32"; "tf32" for float32 while matmuls may use TF32 (a different GEMM ceiling)."""
+    """The math mode GEMMs (matmul, linear) run in: "bf16", "fp16", "fp32"; "tf32" for float32 while the matmul
+    precision lets them use TF32 (a different GEMM ceiling)."""
     tag = SHORT_DTYPES.get(str(dtype).removeprefix("torch."), str(dtype).removeprefix("torch."))
     return "tf32" if tag == "fp32" and torch.get_float32_matmul_precision() != "highest" else tag
 
 
-def ceilings_for(device: str | torch.device | None, dtype: torch.dtype | None = None) -> dict[str, float]:
-    """{"copy_tbps": ..., "gemm_tflops_<dtype tag>": ...} for this GPU and dtype (bf16 if None); {} on the CPU.
+def conv_dtype_tag(dtype: torch.dtype) -> str:
+    """The math mode convolutions run in: cuDNN follows its own flag, `torch.backends.cudnn.allow_tf32` (on by
+    default), not the matmul precision, so a float32 convolution is "tf32" unless that flag is off."""
+    tag = SHORT_DTYPES.get(str(dtype).removeprefix("torch."), str(dtype).removeprefix("torch."))
+    return "tf32" if tag == "fp32" and torch.backends.cudnn.allow_tf32 else tag
 
-    Measured on the first call for a GPU name and dtype, then read from the cache file.
+
+@contextlib.contextmanager
+def _matmul_mode(tag: str) -> Iterator[None]:
+    """Float32 matmuls in `tag`'s mode ("tf32" or "fp32") inside the block, restored on exit; other tags: as is."""
+    before = torch.get_float32_matmul_precision()
+    if tag in ("tf32", "fp32"):
+        torch.set_float32_matmul_precision("high" if tag == "tf32" else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def ceilings_for(device: str | torch.device | None, dtype: torch.dtype | None = None) -> dict[str, float]:
+    """{"copy_tbps": ..., "gemm_tflops_<tag>": ...} for this GPU and dtype (bf16 if None), one GEMM ceiling per
+    math mode the model's GEMMs and convolutions run in (float32: "fp32" and/or "tf32", `dtype_tag` and
+    `conv_dtype_tag`), each measured in that mode; {} on the CPU.
+
+    Measured on the first call for a GPU name and math mode, then read from the cache file.
     """
     device = resolve_device(device)
     if device.type != "cuda":
         return {}
     dtype = dtype or torch.bfloat16
-    tag = dtype_tag(dtype)
+    out: dict[str, float] = {}
+    for tag in dict.fromkeys((dtype_tag(dtype), conv_dtype_tag(dtype))):
 
-    def measure_now() -> dict[str, float]:
-        c = measure_ceilings(device, gemm_dtype=dtype, reps=20)
-        return {"copy_tbps": round(c.copy_tbps, 3), f"gemm_tflops_{tag}": round(c.gemm_tflops, 1)}
+        def measure_now(tag: str = tag) -> dict[str, float]:
+            with _matmul_mode(tag):
+                c = measure_ceilings(device, gemm_dtype=dtype, reps=20)
+            return {"copy_tbps": round(c.copy_tbps, 3), f"gemm_tflops_{tag}": round(c.gemm_tflops, 1)}
 
-    return cached_ceilings(f"{torch.cuda.get_device_name(device)}|{tag}", measure_now)
+        out |= cached_ceilings(f"{torch.cuda.get_device_name(device)}|{tag}", measure_now)
+    return out
 
 
 def cached_ceilings(key: str, measure_now: Callable[[], dict[str, float]], path: str | None = None) -> dict[str, float]:
