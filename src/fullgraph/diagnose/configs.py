@@ -23,6 +23,7 @@ from fullgraph import env
 from fullgraph.compile.compiled import compile as fullgraph_compile
 from fullgraph.compile.presets import PRESETS
 from fullgraph.compile.tuned import ops_text
+from fullgraph.diagnose.detections import IOU_MIN, MATCHED_MIN, matched_fraction
 from fullgraph.diagnose.inputs import Example, flat_tensors
 from fullgraph.diagnose.report import ConfigResult, Recommendation
 from fullgraph.errors import UsageError
@@ -104,6 +105,7 @@ class Candidate:
     compile_s: float | None = None
     peak: int | None = None
     err: float | None = None
+    matched: float | None = None  # detection outputs: fraction of detections matched (diagnose.detections)
     error: str | None = None
     samples: list[float] = field(default_factory=list)
     round_medians: list[float] = field(default_factory=list)
@@ -139,7 +141,8 @@ class Candidate:
             self.name, self.mode, short_dtype(self.dtype), statistics.median(self.samples), self.p(0.2), self.p(0.8),
             compile_s=None if self.mode == "eager" else self.compile_s, peak_memory_bytes=self.peak,
             rel_err=self.err, tolerance=tol, rounds=len(self.round_medians), spread=self.spread(), noisy=noisy,
-            round_ms=list(self.round_medians), ops=dict(self.ops),
+            round_ms=list(self.round_medians), ops=dict(self.ops), matched=self.matched,
+            matched_min=None if self.matched is None else MATCHED_MIN.get(self.dtype, 0.95),
         )  # fmt: skip
 
 
@@ -164,7 +167,10 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
         x = example.cast(c.dtype)
         with torch.no_grad(), c.policies():
             c.compile_s, _ = first_call(lambda: x.call(fn), device)
-            c.err = rel_err(x.call(fn), ref)
+            out = x.call(fn)
+            c.err = rel_err(out, ref)
+            # A list of detections is judged by matched detections: a reorder of near-tied scores is not an error.
+            c.matched = matched_fraction(out, ref, IOU_MIN.get(c.dtype, 0.8), TOLERANCE.get(c.dtype, 1e-3))
             c.peak = peak_memory(lambda: x.call(fn), device)
 
         def call() -> Any:  # inference, whoever calls it: under grad mode a compiled row would compile again

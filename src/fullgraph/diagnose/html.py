@@ -209,7 +209,8 @@ def _chart_row(c: ConfigResult, cy: float, x: Any, r: ReportData) -> ChartRow:
     if is_rec:
         note += " · recommended" + (f", {rec.speedup:.2f}×" if rec.versus else "")
     elif not usable:
-        note += f" · {label}: {c.error or f'rel err {sci(c.rel_err)} > {sci(c.tolerance)}'}"
+        judged = f"{c.check} < {pct(c.matched_min)}" if c.matched is not None else ""
+        note += f" · {label}: {c.error or judged or f'rel err {sci(c.rel_err)} > {sci(c.tolerance)}'}"
     if c.noisy:
         note += " · noisy" + (f", spread {pct(c.spread)}" if c.spread is not None else "")
     room = int((_WIDTH - end - 8) / _CHAR_PX)  # characters that fit before the edge

@@ -102,10 +102,23 @@ class ConfigResult:
     noisy: bool = False  # p80/p20 or round-to-round spread too wide even after re-measuring
     round_ms: list[float] = field(default_factory=list)  # median per interleaved round, in round order
     ops: dict[str, str] = field(default_factory=dict)  # op policies the row ran under; {} = every op's default
+    # Detection-list outputs (diagnose.detections): the fraction of detections matched against eager fp32, and the
+    # fraction the row must reach; None for other outputs, judged by rel_err alone.
+    matched: float | None = None
+    matched_min: float | None = None
 
     @property
     def ok(self) -> bool:
+        if self.error is None and self.matched is not None:
+            return self.matched >= (self.matched_min or 1.0)
         return self.error is None and self.rel_err is not None and self.rel_err <= (self.tolerance or 0.0)
+
+    @property
+    def check(self) -> str:
+        """What the output was judged by: "97% matched" for detections, else the relative error; "" if neither."""
+        if self.matched is not None:
+            return f"{self.matched:.1%} matched"
+        return "" if self.rel_err is None else f"{self.rel_err:.1e}"
 
 
 @dataclass(frozen=True)

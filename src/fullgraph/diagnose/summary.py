@@ -129,7 +129,7 @@ def _configs(r: Report) -> Iterator[RenderableType]:
         if c.noisy:
             spread = Text.assemble(("noisy ", "yellow"), _pct(c.spread))
         mib = None if c.peak_memory_bytes is None else c.peak_memory_bytes / 2**20
-        cells = [_num(c.median_ms), p20_80, spread, _num(c.compile_s, ".1f"), _num(mib, ",.0f"), _num(c.rel_err, ".1e")]
+        cells = [_num(c.median_ms), p20_80, spread, _num(c.compile_s, ".1f"), _num(mib, ",.0f"), c.check or _DASH]
         style = "bold" if c.name == rec else ""
         table.add_row(
             Text(c.name, style=style), *(Text(x) if isinstance(x, str) else x for x in cells), _status(c, c.name == rec)
