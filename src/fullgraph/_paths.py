@@ -1,7 +1,7 @@
 """Paths as users read them: short, and never a climb of `../../..` out of the current directory.
 
 `display_path` is what every terminal and HTML line that names a file prints; `module_name` names the module a
-source file is imported as (the source of a warning).
+source file is imported as (the source of a warning); `cache_dir` is fullgraph's own cache folder, for every layer.
 """
 
 from __future__ import annotations
@@ -13,6 +13,13 @@ import sys
 SITE_DIRS = ("site-packages", "dist-packages")
 # A directory holding one of these is a project's root (the nearest one above a file wins).
 PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
+def cache_dir() -> str:
+    """fullgraph's own cache folder (attention choices, decision data, package probes): FULLGRAPH_CACHE_DIR, else
+    $XDG_CACHE_HOME/fullgraph, else ~/.cache/fullgraph."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("FULLGRAPH_CACHE_DIR") or os.path.join(xdg, "fullgraph")
 
 
 def display_path(path: str | os.PathLike) -> str:

@@ -76,18 +76,21 @@ def test_the_same_model_compiled_both_ways_gets_each_its_answer():
             torch.testing.assert_close(graphed(x), x + 1.0)
 
 
-def test_linear_gelu_takes_its_epilogue_below_the_floor_only_under_cuda_graphs(monkeypatch):
+def test_linear_gelu_takes_its_epilogue_at_vit_b4_only_under_cuda_graphs(monkeypatch, tmp_path):
+    monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))  # the committed decision data alone
     monkeypatch.setattr(measured, "gpu_name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(torch, "__version__", "2.11.0")  # the measured torch
     gpu = torch.device("cuda", 0)
-    small, large = 788 * 768, 1024 * 3072  # ViT-B/16's x at batch 4; the DiT's at 1024 tokens
-    assert measured.compiled_choice("linear_gelu", gpu, small) == "native"
-    assert measured.compiled_choice("linear_gelu", gpu, large) == "kernel"
+    vit_b4 = measured.Shape(torch.bfloat16, 64, 768, 788)  # ViT-B/16's tokens at batch 4
+    dit_1024 = measured.Shape(torch.bfloat16, 128, 3072, 1024)  # the DiT's at 1024 tokens
+    assert measured.compiled_choice("linear_gelu", gpu, vit_b4) == "native"
+    assert measured.compiled_choice("linear_gelu", gpu, dit_1024) == "kernel"
     with replay.replayed():
-        assert measured.compiled_choice("linear_gelu", gpu, small) == "kernel"
-        assert measured.compiled_choice("layer_norm", gpu, large) == "native"  # no measurement: native still
+        assert measured.compiled_choice("linear_gelu", gpu, vit_b4) == "kernel"
+        assert measured.compiled_choice("layer_norm", gpu, dit_1024) == "native"  # no measurement: native still
         with replay.replayed(False):
-            assert measured.compiled_choice("linear_gelu", gpu, small) == "native"
-    assert measured.compiled_choice("linear_gelu", torch.device("cpu"), large) == "native"
+            assert measured.compiled_choice("linear_gelu", gpu, vit_b4) == "native"
+    assert measured.compiled_choice("linear_gelu", torch.device("cpu"), dit_1024) == "native"
 
 
 def test_attention_takes_our_kernel_only_for_short_inputs_under_cuda_graphs(monkeypatch):

@@ -22,7 +22,7 @@ import torch
 
 from fullgraph import env
 from fullgraph._files import write_atomic_bytes
-from fullgraph._paths import display_path
+from fullgraph._paths import cache_dir, display_path  # noqa: F401  (cache_dir re-exported: on the floor for ops)
 from fullgraph._version import __version__
 from fullgraph.errors import FullgraphError
 from fullgraph.serving import input_signature  # noqa: F401  (re-exported: deploy names inputs in errors and headers)
@@ -30,11 +30,6 @@ from fullgraph.serving import input_signature  # noqa: F401  (re-exported: deplo
 
 class DeployError(FullgraphError, RuntimeError):
     """A cache file or package that cannot be used here; the message names the cause and the fix."""
-
-
-def cache_dir() -> str:
-    """fullgraph's own cache folder: FULLGRAPH_CACHE_DIR, else ~/.cache/fullgraph (as the attention choices)."""
-    return os.environ.get("FULLGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fullgraph")
 
 
 def environment() -> dict[str, str | None]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from fullgraph import env
+from fullgraph._paths import cache_dir
 from fullgraph.errors import FullgraphError
 
 NAMESPACE = "fullgraph"
@@ -25,12 +26,21 @@ _TAG = "fullgraph-"
 
 
 def ops_fingerprint() -> str:
-    """A hash of the sources that define our ops, their launchers and fakes (fullgraph/kernels and fullgraph/ops)."""
+    """A hash of the sources that define our ops, their launchers and fakes (fullgraph/kernels and fullgraph/ops),
+    and of the decision data compiled `auto` reads (fullgraph/ops/data, and the user's own decisions.json in
+    fullgraph's cache folder, `ops/measured.py`): a changed decision changes the code a graph holds."""
     root = pathlib.Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted([*root.joinpath("kernels").glob("*.py"), *root.joinpath("ops").glob("*.py")]):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    sources = [*root.joinpath("kernels").glob("*.py"), *root.joinpath("ops").glob("*.py")]
+    for path in [*sorted(sources), *sorted(root.joinpath("ops", "data").glob("*.json")), _user_decisions()]:
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _user_decisions() -> pathlib.Path:
+    # the file `fullgraph.ops.measured.user_file` names (kernels may not import ops: the name is repeated here)
+    return pathlib.Path(cache_dir()) / "decisions.json"
 
 
 def tag_compile_caches() -> None:

@@ -33,7 +33,7 @@ from torch import nn
 from fullgraph import ops
 from fullgraph.errors import UsageError
 from fullgraph.models._calls import must_call_as_usual
-from fullgraph.ops import direct
+from fullgraph.ops import direct, measured
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _block_params(block: nn.Module, cfg: DiTConfig, norm) -> None:
 class DiTBlock(nn.Module):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
-        self.heads, self.head_dim, self.eps = cfg.heads, cfg.head_dim, cfg.eps
+        self.heads, self.head_dim, self.eps, self.dim = cfg.heads, cfg.head_dim, cfg.eps, cfg.dim
         _block_params(self, cfg, ops.RMSNorm)
 
     def forward(self, x, c, rope=None, pending=None, finish: bool = True):
@@ -171,7 +171,8 @@ class DiTBlock(nn.Module):
         if not direct.usable() or policy != self.k_norm.policy:
             return _CHECKED
         calls = _CALLS[rope, finish]
-        return direct.direct(x.device, x.numel(), calls, (("rms_norm", policy),) if policy else ())
+        own, shape = (("rms_norm", policy),) if policy else (), measured.shape_of(x, self.head_dim, self.dim)
+        return direct.direct(x.device, x.numel(), calls, own, shape)
 
 
 # A block's calls of each op, for `ops.direct`'s counts (attention counts its own), by (RoPE, finish). With RoPE
@@ -314,10 +315,11 @@ class DiT(_Stack):
             return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps))
         return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps, *pending)[0])
 
-    @staticmethod
-    def _forms(x, calls: str):
+    def _forms(self, x, calls: str):
         """The stack's own ops (outside the blocks): direct forms in inference, else the checked ops."""
-        return direct.direct(x.device, x.numel(), calls) if direct.usable() else _CHECKED
+        if not direct.usable():
+            return _CHECKED
+        return direct.direct(x.device, x.numel(), calls, (), measured.shape_of(x, self.cfg.head_dim, self.cfg.dim))
 
 
 class PlainDiT(_Stack):

@@ -32,7 +32,7 @@ from torch import nn
 from fullgraph import ops
 from fullgraph.errors import UsageError
 from fullgraph.models._calls import must_call_as_usual
-from fullgraph.ops import direct
+from fullgraph.ops import direct, measured
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,8 @@ class Block(nn.Module):
             return x[:, :1] if first_only else x
         # Inference: each op's form chosen once per block and called without per-op checks (`ops.direct`: less
         # host time eager, fewer guards compiled), computing what the modules above compute.
-        f = direct.direct(x.device, x.numel(), _CALLS, (("layer_norm", policy),) if policy else ())
+        own, shape = (("layer_norm", policy),) if policy else (), measured.shape_of(x, attn.head_dim, len(n1.weight))
+        f = direct.direct(x.device, x.numel(), _CALLS, own, shape)
         q, k, v = _qkv(attn, f.layer_norm(x, n1.weight, n1.bias, n1.eps), first_only)
         # q: [B, 1 + N, H, D], or [B, 1, H, D] with first_only; k, v: [B, 1 + N, H, D]
         x = (x[:, :1] if first_only else x) + attn.proj(f.attention(q, k, v).flatten(2))

@@ -51,15 +51,15 @@ def decided(op: str, instance_policy: str | None, device_type: str) -> str:
     return "auto" if runs else "native"
 
 
-def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool, small: bool = False,
-           numel: int | None = None) -> str:  # fmt: skip
+def choose(op: str, instance_policy: str | None, device: torch.device, compiling: bool, small: bool = False) -> str:
     """ "native" or "kernel" for one call of `op` on `device` (`small`: an eager input below the size where a
-    kernel pays, `measured.eager_kernel_pays`; `numel`: the main input's size, for the compiled choice)."""
+    kernel pays, `measured.eager_kernel_pays`). Compiled, a checked op's call knows no model shape (head dim, model
+    width: `measured.Shape`), so `auto` is the native form; a model's blocks decide through `ops.direct`."""
     pol = decided(op, instance_policy, device.type)
     if pol != "auto":
         return pol
     if compiling:
-        return measured.compiled_choice(op, device, numel)
+        return measured.compiled_choice(op, device)
     return "native" if small else "kernel"
 
 
@@ -69,7 +69,7 @@ def dispatch(op: str, instance_policy: str | None, device: torch.device, cache: 
     size class (in `cache`, an instance's, or one shared by the functional forms), so a steady eager call costs a
     dict lookup; `numel` (the main input's) decides whether eager `auto` is below the size where a kernel pays."""
     if torch.compiler.is_compiling():
-        impl = choose(op, instance_policy, device, True, numel=numel)
+        impl = choose(op, instance_policy, device, True)
         count_trace(op, impl)
         return impl
     small = numel is not None and not measured.eager_kernel_pays(device.type, numel, op)

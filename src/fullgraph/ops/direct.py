@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fullgraph import replay
 from fullgraph.ops import attention_backends as _backends
 from fullgraph.ops import measured
 from fullgraph.ops.attention import _resolve as _resolve_attention
@@ -151,14 +152,15 @@ def attention_bsnd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return out.transpose(1, 2)
 
 
-def direct(device: torch.device, numel: int, calls: str,
-           policies: tuple[tuple[str, str | None], ...] = ()) -> Direct:  # fmt: skip
+def direct(device: torch.device, numel: int, calls: str, policies: tuple[tuple[str, str | None], ...] = (),
+           shape: measured.Shape | None = None) -> Direct:  # fmt: skip
     """The forms each op's policy picks now for a main input of `numel` elements on `device` (`policies`: an
     instance's own policy per op, as (op, policy) pairs). `calls` ("layer_norm:2,modulate:2", `parse_calls`) is how
     often the caller will call each op: counted in `policy.counters` as that many eager calls (attention counts its
-    own), or under torch.compile as that many traced calls."""
+    own), or under torch.compile as that many traced calls. `shape` (`measured.shape_of` the block's tokens) is what
+    compiled `auto` decides from; without it compiled `auto` is the native form."""
     if torch.compiler.is_compiling():
-        return _traced(device, numel, calls, policies)
+        return _traced(device, calls, policies, shape)
     key = (version(), device.type, measured.eager_size_class(device.type, numel), policies)
     plan = _plans.get(key)
     if plan is None:
@@ -183,15 +185,18 @@ def direct(device: torch.device, numel: int, calls: str,
 
 
 @torch.compiler.assume_constant_result
-def _compiled_plan(device_type: str, device_index: int | None, policies: tuple, state: int) -> tuple:
-    """((impl, size floor or None), ...) per op of FORMS for compiled code: the policy's decision
-    (`custom_op.decided`), for "auto" the compiled choice's table entry (the floor applied by the caller: sizes may
-    be symbolic). `state`: version(), so a policy change recompiles."""
+def _compiled_plan(device_type: str, device_index: int | None, policies: tuple, state: int, key: tuple | None) -> tuple:
+    """Per op of FORMS for compiled code: the policy's decision (`custom_op.decided`), for "auto" the row spans
+    where the measurements take the kernel at `key` ((dtype, head dim, width, graphed) of `measured.Shape`, None
+    without a shape: the native form), for the caller to compare the rows, which may be symbolic (`measured.pick`).
+    `state`: version(), so a policy change recompiles."""
     own = dict(policies)
     plan = []
     for op in FORMS:
         pol = decided(op, own.get(op), device_type)
-        plan.append(measured.table_entry(op, device_type, device_index) if pol == "auto" else (pol, None))
+        if pol == "auto":
+            pol = "native" if key is None or device_type != "cuda" else measured.kernel_rows(op, device_index, *key)
+        plan.append(pol)
     return tuple(plan)
 
 
@@ -204,9 +209,10 @@ def _count_traced(calls: str, impls: tuple) -> bool:
     return True
 
 
-def _traced(device, numel, calls, policies) -> Direct:
-    plan = _compiled_plan(device.type, device.index, policies, version())
-    impls = tuple(measured.with_floor(impl, floor, numel) for impl, floor in plan)
+def _traced(device, calls, policies, shape) -> Direct:
+    key = None if shape is None else (shape.dtype, shape.head_dim, shape.width, replay.under_graphs())
+    plan = _compiled_plan(device.type, device.index, policies, version(), key)
+    impls = tuple(p if isinstance(p, str) else measured.pick(p, shape.rows) for p in plan)
     _count_traced(calls, impls)
     kernel = [impl == "kernel" for impl in impls]
     return Direct(

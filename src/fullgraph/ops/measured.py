@@ -1,71 +1,194 @@
-"""What "auto" runs inside a compiled graph, per op: our kernel only where an in-graph measurement shows it
-beating Inductor's code for the native form; the native form everywhere else (the safe choice: Inductor fuses
-it into its neighbours, and a GPU nobody has measured gets what plain PyTorch gets).
+"""What "auto" runs inside a compiled graph, per op: our kernel only where an in-graph measurement at a shape like
+the one at hand shows it beating Inductor's code for the native form; the native form everywhere else (the safe
+choice: Inductor fuses it into its neighbours, and a GPU, torch version or shape nobody has measured gets what plain
+PyTorch gets).
 
 Standalone timings are not the measure. On an H200 our norm and RoPE kernels beat Inductor alone
 (docs/ops-benchmark.md: layer_norm up to 17%, rms_norm 8-20%, rope 15-20%), yet inside a compiled DiT stack
 (dim 3072, 24 heads, 4 blocks, bf16, torch 2.11; benchmarks/results/dit_inside_a_graph_h200.txt) taking them
-made the model slower: at 1024 tokens plain PyTorch 1.882 ms, ours all-native 1.889, ours all-kernel 1.985,
-ours with the kernels for norms and RoPE (this table's former entries) 2.052; at 4096 tokens 7.599, 7.633,
-7.888 and 7.962. An opaque kernel splits the fusion Inductor makes of a norm with the modulation after it.
-So no op takes its kernel in a compiled graph until `fullgraph bench dit` (or a per-pattern in-graph
-benchmark) shows a win; entries here are op -> "kernel" with the measurement that justifies each.
+made the model slower, and a choice measured at head dim 128 lost at head dim 72 (issue 32: DiT-XL/2, 0.73x). So
+the compiled choice is data, not code: `data/decisions.json` (shipped with the package; written by `fullgraph bench
+sweep --write-decisions`) holds in-graph measurements keyed by GPU name and torch / Triton versions, each point an
+op, dtype, head dim, row width, row count and mode (default or replayed from CUDA graphs) with the choice that won
+there. A user's own file, `decisions.json` in fullgraph's cache folder (`fullgraph._paths.cache_dir`), replaces the
+committed tables of every GPU it names. `close` (below) says which points speak for a shape; docs/decisions.md
+says how to measure a GPU.
 """
 
 from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import pathlib
+import warnings
+from typing import NamedTuple
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fullgraph import replay
+from fullgraph._paths import cache_dir
 
-# GPU name (torch.cuda.get_device_name) -> {op: "native" | "kernel"}, each entry with its in-graph measurement on
-# that GPU; a GPU not listed runs every op's native form under torch.compile.
-COMPILED_CHOICE: dict[str, dict[str, str]] = {
-    "NVIDIA H200": {
-        # `fullgraph bench dit` (torch 2.11, dim 3072, 24 heads, 4 blocks, bf16, default mode;
-        # benchmarks/results/dit_h200.txt): all native but linear_gelu's kernel against all native, 1024 / 4096 /
-        # 16384 tokens: 1.033x / 1.046x / 1.016x; the GELU pass leaves the GPU time (elementwise 0.223 -> 0.152 ms,
-        # 0.987 -> 0.554, 3.890 -> 2.136 against the plain twin) while the GEMMs keep their time (1.381 -> 1.404 ms,
-        # 5.398 -> 5.320, 21.207 -> 21.203)
-        "linear_gelu": "kernel",
-        # The q/k norms + RoPE in one pass, and the gated residual + LayerNorm + modulation in one pass, each against
-        # Inductor's fusion of their native forms: `fullgraph bench dit --policies
-        # 'all=auto,+qk_norm_rope,+layer_norm_modulate'` (benchmarks/results/dit_h200.txt, fifth session), default
-        # mode, over the plain twin. At 4096 tokens, two calls: auto 1.026x / 1.034x, with qk_norm_rope's kernel
-        # 1.037x / 1.044x, with layer_norm_modulate's 1.044x / 1.057x, with both 1.040x / 1.058x (GPU time 7.097 ->
-        # 6.726 ms against the plain twin's 7.219). Reduce-overhead at 4096: within the noise of auto (1.042-1.055x
-        # all). At 1024 tokens in default mode (benchmarks/results/dit_host_probe_h200.txt, eighth session, two
-        # processes of one device call): with both kernels 1.023x / 1.055x over the plain twin against auto without
-        # them 0.985x / 1.024x, GPU time 1.625 / 1.694 ms against 1.709 / 1.754 (plain 1.761 / 1.785). (The fifth
-        # session's 0.849x for qk_norm_rope's kernel there came from a call whose host ran slow: plain took 2.175 ms
-        # in it against 1.78-1.88 in the others; the profiler then also slows Triton's own launcher, which launches
-        # these kernels, so its idle share read 24%.)
-        "qk_norm_rope": "kernel",
-        "layer_norm_modulate": "kernel",
-        # skinny_linear (the DiT's adaLN projections, [1, 3072] x [3072, 18432]) has no entry: with its kernel the
-        # stack did not beat auto at every point (benchmarks/results/dit_h200.txt, `--policies
-        # 'all=auto,+skinny_linear'`, over the plain twin). Default mode: 1.091x against auto's 1.069x at 1024
-        # tokens, 1.038x against 1.043x at 4096 (eighth session, first tile 16 x 512); 1.026x against 1.028x at
-        # 16384 (ninth, tile 8 x 128). Reduce-overhead (ninth, 8 x 128): 1.003x against 1.042x at 1024, 1.028x
-        # against 1.040x at 4096. Standalone it reads the weight at 3.12 TB/s against cuBLAS's 1.95
-        # (benchmarks/results/gemv_probe_h200.txt); in the graph the GEMV is ~2% of a call at 4096 tokens.
-    },
-}
+DATA_FILE = pathlib.Path(__file__).with_name("data") / "decisions.json"
+USER_FILE = "decisions.json"  # in cache_dir(); kernels/_library.py's ops_fingerprint hashes both files
+FORMAT = 1
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+MODES = ("default", "graphed")  # graphed: the code traced now replays from CUDA graphs (`fullgraph.replay`)
+ROWS_FACTOR = 2  # a measured point speaks for row counts within this factor of its own
 
-# GPU name -> {op: the main input's element count from which a "kernel" entry above applies}; below it the native
-# form. For linear_gelu that input is x, rows x in_features. On the H200 the fused GEMM (cuBLASLt with an epilogue)
-# costs more host time per call than addmm + GELU compiled by Inductor: timm-weight ViT-B/16 at batch 4 in default
-# mode (x: 788 x 768 = 0.6M elements, host-bound) ran 3.619 ms with it against 2.490 ms without, while under CUDA
-# graphs it was faster (0.626 against 0.675 ms; benchmarks/results/vit_probe_h200.txt). The smallest measured win
-# in default mode is the DiT's x at 1024 tokens (1024 x 3072 = 3.1M elements: 0.970x against 0.940x plain), so
-# the line sits between: 2**21. The floor is host time, which CUDA graphs pay once at capture: code traced for a
-# model compiled to replay CUDA graphs (reduce-overhead, `fullgraph.replay`) takes the kernel at every size.
-# qk_norm_rope and layer_norm_modulate (input: the block's tokens x, rows x dim): measured winning from 1024 x 3072
-# (3.1M elements) up; the line just below the smallest win, 2**21, as linear_gelu's.
-COMPILED_KERNEL_MIN_NUMEL: dict[str, dict[str, int]] = {
-    "NVIDIA H200": {"linear_gelu": 1 << 21, "qk_norm_rope": 1 << 21, "layer_norm_modulate": 1 << 21}
-}
+
+class Shape(NamedTuple):
+    """What the compiled choice reads of a model's call: the token tensor's dtype, the attention's head dim, the
+    model's width (static: from its weights, never read off a dynamic tensor) and the row count (tokens over the
+    batch), symbolic under a dynamic dim."""
+
+    dtype: torch.dtype
+    head_dim: int
+    width: int
+    rows: int | torch.SymInt
+
+
+def shape_of(x: torch.Tensor, head_dim: int, width: int) -> Shape:
+    """The Shape of a block's call on tokens `x` ([..., width]) with attention heads of `head_dim`."""
+    return Shape(x.dtype, head_dim, width, x.numel() // width)
+
+
+class Point(NamedTuple):
+    """One in-graph measurement: on `gpu` with torch `torch` (major.minor), `op`'s `choice` won at this shape."""
+
+    gpu: str
+    torch: str
+    op: str
+    dtype: str
+    head_dim: int
+    width: int
+    rows: int
+    mode: str
+    choice: str
+
+
+def close(point: Point, gpu: str, torch_version: str, op: str, dtype: str, head_dim: int, width: int, rows: int,
+          mode: str) -> bool:  # fmt: skip
+    """Does `point` speak for this call? Same GPU name, torch major.minor, op, dtype and mode (default, or replayed
+    from CUDA graphs), the same head dim and row width, and a row count within a factor of 2 (ROWS_FACTOR) of the
+    point's. Nothing else is close: a call no point speaks for runs the native form."""
+    return (
+        (point.gpu, point.torch, point.op, point.dtype, point.head_dim, point.width, point.mode)
+        == (gpu, torch_version, op, dtype, head_dim, width, mode)
+        and point.rows <= rows * ROWS_FACTOR
+        and rows <= point.rows * ROWS_FACTOR
+    )
+
+
+def choice_among(points, gpu: str, torch_version: str, op: str, dtype: str, head_dim: int, width: int, rows: int,
+                 mode: str) -> str:  # fmt: skip
+    """The choice of the close point nearest in row count (by ratio; a tie goes to "native"), "native" where no
+    point is close."""
+    near = [p for p in points if close(p, gpu, torch_version, op, dtype, head_dim, width, rows, mode)]
+    if not near:
+        return "native"
+    best = min(near, key=lambda p: (abs(math.log(p.rows / rows)), p.choice != "native"))
+    return best.choice
+
+
+def compiled_choice(op: str, device: torch.device | None = None, shape: Shape | None = None) -> str:
+    """The implementation measured as faster inside a compiled graph on `device`'s GPU at a shape close to `shape`
+    (`close`); "native" for devices, ops and shapes without a close measurement, and without a shape. Reads only
+    static dims (dtype, head dim, width); the rows are compared without a guard (`pick`), so a dynamic dim adds no
+    guard and no recompile."""
+    if device is None or device.type != "cuda" or shape is None:
+        return "native"
+    spans = kernel_rows(op, device.index, shape.dtype, shape.head_dim, shape.width, replay.under_graphs())
+    return pick(spans, shape.rows)
+
+
+def pick(spans: tuple[tuple[int, int], ...], rows: int | torch.SymInt) -> str:
+    """ "kernel" where `rows` is known to lie in one of `spans` ((lo, hi), from `kernel_rows`) for every size the
+    graph serves, else "native". A symbolic row count is decided without a guard (`statically_known_true`, against
+    the dim's range: a guard would specialize it): a range the spans do not wholly hold takes the native form."""
+    for lo, hi in spans:
+        if statically_known_true(rows >= lo) and statically_known_true(rows <= hi):
+            return "kernel"
+    return "native"
+
+
+@torch.compiler.assume_constant_result
+def kernel_rows(op: str, index: int | None, dtype: torch.dtype, head_dim: int, width: int,
+                graphed: bool) -> tuple[tuple[int, int], ...]:  # fmt: skip
+    """The row counts at which `choice_among` picks `op`'s kernel for this GPU, torch, dtype, head dim, width and
+    mode, as inclusive (lo, hi) spans: a constant to torch.compile (the data is read outside the trace), so the
+    rows, possibly symbolic, are compared in the graph's code (`pick`)."""
+    if dtype not in DTYPES:
+        return ()
+    key = (gpu_name(index), torch_version(), op, DTYPES[dtype], head_dim, width)
+    mode = MODES[bool(graphed)]
+    near = [p for p in points() if close(p, *key, p.rows, mode)]
+    # the choice changes only next to a point's reach (r / 2, 2 r) or between two points (their geometric mean)
+    edges = {e for p in near for e in (-(-p.rows // ROWS_FACTOR), p.rows * ROWS_FACTOR)}
+    edges |= {math.isqrt(p.rows * q.rows) for p in near for q in near}
+    rows = sorted({max(1, e + d) for e in edges for d in (-1, 0, 1, 2)})
+    spans: list[list[int]] = []
+    for n in rows:
+        if choice_among(near, *key, n, mode) != "kernel":
+            continue
+        if spans and spans[-1][1] == rows[rows.index(n) - 1]:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return tuple((lo, hi) for lo, hi in spans)
+
+
+def torch_version(version: str | None = None) -> str:
+    """major.minor of `version` (default: the installed torch): the version a decision table is keyed by."""
+    return ".".join((version or torch.__version__).split("+")[0].split(".")[:2])
+
+
+def user_file() -> pathlib.Path:
+    """The user's own decision file: measurements of their GPU that replace the committed ones for it."""
+    return pathlib.Path(cache_dir()) / USER_FILE
+
+
+def points() -> tuple[Point, ...]:
+    """Every measured point: the committed file's, with the tables of any GPU the user's file names replaced by the
+    user's. Re-read when the user's file changes."""
+    path = user_file()
+    try:
+        st = path.stat()
+        stamp = (str(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    return _points(stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _points(user_stamp: tuple | None) -> tuple[Point, ...]:
+    ours = read_points(DATA_FILE)
+    theirs = read_points(pathlib.Path(user_stamp[0])) if user_stamp else []
+    replaced = {p.gpu for p in theirs}
+    return tuple([p for p in ours if p.gpu not in replaced] + theirs)
+
+
+def read_points(path: pathlib.Path) -> list[Point]:
+    """The points of a decision file (format: docs/decisions.md); a file that cannot be read is named in a warning
+    and ignored (every op then runs native on the GPUs it would have named), never an error in the user's process."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        found = []
+        for t in data["tables"]:
+            for p in t["points"]:
+                point = Point(t["gpu"], torch_version(t["torch"]), *(p[f] for f in Point._fields[2:]))
+                if point.mode not in MODES or point.choice not in ("native", "kernel") or point.rows <= 0:
+                    raise ValueError(f"bad point {p}")
+                found.append(point)
+        return found
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        warnings.warn(f"fullgraph: decision file {os.fspath(path)} ignored ({e}); compiled auto runs native there",
+                      stacklevel=2)  # fmt: skip
+        return []
 
 
 # GPU name -> {op: the main input's element count up to which the op's kernel beats its native form inside a graph
@@ -120,48 +243,15 @@ def eager_size_class(device_type: str, numel: int) -> int:
     return sum(numel >= f for f in floors)
 
 
-def compiled_choice(op: str, device: torch.device | None = None, numel: int | None = None) -> str:
-    """The implementation measured as faster inside a compiled graph on `device`'s GPU for a main input of `numel`
-    elements; "native" for ops, devices and sizes without a measurement."""
-    if device is None or device.type != "cuda":
-        return "native"
-    return with_floor(*table_entry(op, device.type, device.index), numel)
-
-
 def graphed_kernel_fits(op: str, device: torch.device, numel: int | torch.SymInt) -> bool:
     """Does GRAPHED_KERNEL_MAX_NUMEL put `op`'s kernel ahead for a main input of `numel` elements in the code traced
-    now? Only when that code replays from CUDA graphs, and only when `numel` is known (without a guard, as in
-    `known_at_least`) to be within the entry."""
+    now? Only when that code replays from CUDA graphs, and only when `numel` is known (without a guard:
+    `statically_known_true`, decided against a dynamic dim's range) to be within the entry. Attention keeps this
+    rule of its own (issue 32 leaves it out of the per-shape data)."""
     if device.type != "cuda" or not replay.under_graphs():
         return False
     cap = GRAPHED_KERNEL_MAX_NUMEL.get(gpu_name(device.index), {}).get(op)
     return cap is not None and bool(statically_known_true(numel <= cap))
-
-
-def with_floor(choice: str, floor: int | None, numel: int | torch.SymInt | None) -> str:
-    """A table entry's choice for a main input of `numel` elements: "native" for a kernel below its size floor,
-    unless the code traced now replays from CUDA graphs (the floor is host time, `fullgraph.replay`)."""
-    if choice == "kernel" and floor is not None and not known_at_least(numel, floor) and not replay.under_graphs():
-        return "native"
-    return choice
-
-
-def table_entry(op: str, device_type: str, index: int | None) -> tuple[str, int | None]:
-    """(choice, size floor or None) of `op` on this device from the tables above, the floor not yet applied."""
-    if device_type != "cuda":
-        return "native", None
-    name = gpu_name(index)
-    return COMPILED_CHOICE.get(name, {}).get(op, "native"), COMPILED_KERNEL_MIN_NUMEL.get(name, {}).get(op)
-
-
-def known_at_least(numel: int | torch.SymInt | None, floor: int) -> bool:
-    """Is `numel` known to be at least `floor` for every size the graph serves? A symbolic size (a dynamic dim) is
-    decided without a guard (`statically_known_true`, which Dynamo evaluates against the dim's range), since a guard
-    would specialize the dim: a ConstraintViolationError under a declared range, a recompile per size otherwise.
-    When the range does not settle it, the answer is no and the op takes the native form, the safe choice."""
-    if numel is None:
-        return False
-    return bool(statically_known_true(numel >= floor))
 
 
 _names: dict[int | None, str] = {}
