@@ -178,6 +178,16 @@ SUITES = {
             ("--input-sets", {"type": int, "default": 8, "help": "distinct random input sets (default 8)"}),
         ],
     ),
+    "sweep": (
+        "fullgraph.bench.suites.sweep",
+        "issue 32's grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point",
+        [
+            ("--modes", {"help": "compile modes, e.g. default (default: default,reduce-overhead)"}),
+            ("--only", {"help": "comma-separated substrings of point labels to run, e.g. 'dit 1152x16,vit_b16 b4'"}),
+            ("--write-decisions", {"metavar": "FILE", "help": "write the DiT points' per-op decision data here"}),
+            ("--small", {"action": "store_true", "help": "one tiny DiT and one tiny ViT point (a CPU smoke run)"}),
+        ],
+    ),
     "fleet": (
         "fullgraph.bench.suites.fleet",
         "replica processes with empty local caches against one Redis: first output, remote hits, compile time saved",

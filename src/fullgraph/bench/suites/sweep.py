@@ -1,0 +1,208 @@
+"""Suite `sweep`: the grid of issue 32, each point in a process of its own, and the decision data it implies.
+
+Each point runs an existing suite in a child process (a fresh Dynamo and CUDA state, as a user's process starts):
+DiT points run suite `dit` (ours `auto`, `kernel`, `native` and the fusions against the plain twin, "plain again"
+as the noise floor), plus one variant per op of `DECIDED_OPS` with every op native but that op's kernel, the op
+between its real neighbours; ViT points run suite `vit` (timm, or the plain twin without timm, against ours). Both
+compile modes, default and reduce-overhead. The rows go to the CSV as their suites write them.
+
+`--write-decisions FILE` turns the DiT points' per-op variants into the decision data format (docs/decisions.md;
+`fullgraph.ops.measured` reads it): at each point and mode, op X takes its kernel where "all native but X's kernel"
+beats "all native" by more than the point's noise (the plain twin's second instance against the first, at least
+1%), else the native form. FILE defaults to nothing; the user's own file is `decisions.json` in fullgraph's cache
+folder (`fullgraph._paths.cache_dir`), which replaces the committed tables of the GPU it names.
+
+`--small` is the CPU smoke run: one tiny DiT point and one tiny ViT point, default mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from fullgraph._files import write_atomic_bytes
+from fullgraph.bench.results import Result, read_csv
+from fullgraph.bench.table import format_table
+from fullgraph.errors import UsageError
+
+# (dim, heads) of the DiT configs: head dims 72, 64, 80, 88, 96, 128
+DIT_CONFIGS = ((1152, 16), (1536, 24), (1280, 16), (1408, 16), (1536, 16), (3072, 24))
+DIT_SHAPES = ((8, 256), (2, 1024), (1, 4096))  # (batch, tokens)
+VIDEO = (3072, 24, 1, 16384)  # the long point: (dim, heads, batch, tokens)
+VITS = ("vit_b16", "vit_l16", "vit_h14", "vit_small")
+VIT_BATCHES = (4, 64)
+MODES = ("default", "reduce-overhead")
+DEPTH = 4
+# The ops a DiT block can take a kernel for under compiled `auto`, each measured as "all native but its kernel"
+DECIDED_OPS = ("linear_gelu", "qk_norm_rope", "layer_norm_modulate", "skinny_linear")
+NATIVE = "ours native, compiled"
+MIN_GAIN = 0.01  # a kernel must beat the native form by this much, or by the point's noise if larger
+
+
+@dataclass(frozen=True)
+class Point:
+    """One child process: a model, its shape and a compile mode."""
+
+    model: str  # "dit" or "vit"
+    name: str  # a DiT's "1152x16", a ViT's config name
+    batch: int
+    tokens: int | None  # DiT only
+    mode: str
+
+    @property
+    def label(self) -> str:
+        size = f"b{self.batch}" + (f" n{self.tokens}" if self.tokens else "")
+        return f"{self.model} {self.name} {size} {self.mode}"
+
+
+def grid(small: bool, modes: tuple[str, ...] = MODES) -> list[Point]:
+    """The sweep's points: issue 32's grid, or for --small one tiny DiT and one tiny ViT point."""
+    if small:
+        return [Point("dit", "64x4", 1, 16, "default"), Point("vit", "vit_tiny", 2, None, "default")]
+    dits = [(d, h, b, n) for d, h in DIT_CONFIGS for b, n in DIT_SHAPES] + [VIDEO]
+    points = [Point("dit", f"{d}x{h}", b, n, m) for m in modes for d, h, b, n in dits]
+    return points + [Point("vit", v, b, None, m) for m in modes for v in VITS for b in VIT_BATCHES]
+
+
+def run(args) -> tuple[list[Result], str]:
+    modes = tuple(m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip())
+    if bad := [m for m in modes if m not in MODES]:
+        raise UsageError(f"--modes: unknown {', '.join(bad)}; choose from {', '.join(MODES)}")
+    points = [p for p in grid(args.small, modes) if not args.only or any(s in p.label for s in args.only.split(","))]
+    if not points:
+        raise UsageError(f"--only {args.only!r} matches no point of the grid")
+    rows: list[Result] = []
+    start = time.monotonic()
+    for i, p in enumerate(points):
+        print(f"[{time.monotonic() - start:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr, flush=True)
+        rows += run_point(p, args)
+    if args.write_decisions:
+        write_decisions(args.write_decisions, rows)
+    return rows, summary(rows)
+
+
+def run_point(p: Point, args) -> list[Result]:
+    """`p` in a child process; its suite's rows (a point that fails is reported, and the sweep goes on)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = os.path.join(tmp, "point.csv")
+        spec = {"point": p.__dict__, "device": args.device, "reps": args.reps, "csv": csv, "small": args.small}
+        code = "import sys; from fullgraph.bench.suites.sweep import _child_main; _child_main(sys.argv[1])"
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], check=False)
+        if done.returncode != 0:
+            print(f"sweep: {p.label} failed (exit {done.returncode})", file=sys.stderr)
+            return []
+        return read_csv(csv)
+
+
+def _child_main(spec_json: str) -> None:
+    """One point, in the child: the suite's run with the point's arguments, its rows written to spec["csv"]."""
+    from fullgraph.bench.results import append_csv
+
+    spec = json.loads(spec_json)
+    p = Point(**spec["point"])
+    common = {"device": spec["device"], "reps": spec["reps"], "breakdown": False}
+    dtype = None if spec["small"] else "bf16"  # the suites' CPU default is fp32
+    if p.model == "dit":
+        from fullgraph.bench.suites import dit
+        from fullgraph.models.dit import CONFIGS, DiTConfig
+
+        dim, heads = (int(v) for v in p.name.split("x"))
+        CONFIGS["sweep"] = DiTConfig(dim=dim, heads=heads, depth=DEPTH)  # this process's: the suite takes a name
+        policies = ";".join(f"none,+{op}" for op in DECIDED_OPS)
+        ns = argparse.Namespace(**common, config="sweep", depth=DEPTH, batch=p.batch, tokens=str(p.tokens),
+                                mode=p.mode, dtype=dtype, policies=policies)  # fmt: skip
+        rows, text = dit.run(ns)
+    else:
+        from fullgraph.bench.suites import vit
+        from fullgraph.models.vit import CONFIGS, ViTConfig
+
+        CONFIGS.setdefault("vit_h14", ViTConfig(dim=1280, depth=32, heads=16, patch=14))  # timm's vit_huge_patch14
+        ns = argparse.Namespace(**common, config=p.name, batches=str(p.batch), modes=p.mode, presets=None,
+                                dtype=dtype, policies=None)  # fmt: skip
+        rows, text = vit.run(ns)
+    print(text, flush=True)
+    append_csv(spec["csv"], rows)
+
+
+def ratios(rows: list[Result], metric: str = "median_ms") -> dict[tuple[str, str], float]:
+    """{(case, variant): metric} of a suite's rows."""
+    return {(r.case, r.variant): r.value for r in rows if r.metric == metric}
+
+
+def decisions(rows: list[Result]) -> list[dict]:
+    """The decision points of the DiT rows: per point, mode and op of DECIDED_OPS, "kernel" where all native but
+    that op's kernel beat all native by more than the point's noise (at least MIN_GAIN), else "native"."""
+    ms = ratios([r for r in rows if r.suite == "dit"])
+    params = {r.case: json.loads(r.params) for r in rows if r.suite == "dit"}
+    points = []
+    for case, p in params.items():
+        native, plain, again = (ms.get((case, v)) for v in (NATIVE, "plain, compiled", "plain again (second "
+                                                             "instance), compiled"))  # fmt: skip
+        if native is None:
+            continue
+        noise = abs(1 - again / plain) if plain and again else 0.0
+        for op in DECIDED_OPS:
+            with_kernel = ms.get((case, f"ours none,+{op}, compiled"))
+            if with_kernel is None:
+                continue
+            gain = native / with_kernel - 1
+            points.append({
+                "op": op, "dtype": {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[p["dtype"]],
+                "head_dim": p["dim"] // p["heads"], "width": p["dim"], "rows": p["batch"] * p["tokens"],
+                "mode": "graphed" if p["mode"] == "reduce-overhead" else "default",
+                "choice": "kernel" if gain > max(MIN_GAIN, noise) else "native",
+                "source": f"bench sweep: {case}, all native but {op}'s kernel {gain:+.1%} over all native "
+                          f"(noise {noise:.1%})",
+            })  # fmt: skip
+    return points
+
+
+def write_decisions(path: str, rows: list[Result]) -> None:
+    """The decision points of `rows` written to `path` (format: docs/decisions.md), merged into what the file holds
+    already: a point measured again (same GPU, torch, op, dtype, head dim, width, rows and mode) is replaced, every
+    other point kept, so the grid can be measured in parts (`--only`) into one file."""
+    measured_now: dict[tuple, dict] = {}
+    for r in rows:
+        if r.suite == "dit":
+            gpu, torch_mm = r.gpu, ".".join(r.torch.split("+")[0].split(".")[:2])
+            table = measured_now.setdefault((gpu, torch_mm), {"gpu": gpu, "torch": torch_mm, "triton": r.triton})
+            table.setdefault("rows", []).append(r)
+    data = {"format": 1, "about": "written by `fullgraph bench sweep --write-decisions`", "tables": []}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    for t in measured_now.values():
+        new = decisions(t["rows"])
+        old = next((o for o in data["tables"] if (o["gpu"], o["torch"]) == (t["gpu"], t["torch"])), None)
+        if old is None:
+            data["tables"].append({"gpu": t["gpu"], "torch": t["torch"], "triton": t["triton"], "points": new})
+            continue
+        again = {_point_key(p) for p in new}
+        old["points"] = [p for p in old["points"] if _point_key(p) not in again] + new
+        old["triton"] = t["triton"]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomic_bytes(path, [(json.dumps(data, indent=1) + "\n").encode()])
+
+
+def _point_key(p: dict) -> tuple:
+    return tuple(p[f] for f in ("op", "dtype", "head_dim", "width", "rows", "mode"))
+
+
+def summary(rows: list[Result]) -> str:
+    """Per point: ours auto / plain and plain again / plain (speed, above 1 is faster), from each suite's rows."""
+    ms = ratios(rows)
+    table = []
+    for case in dict.fromkeys(r.case for r in rows if r.metric == "median_ms"):
+        plain = ms.get((case, "plain, compiled"))
+        auto, again = ms.get((case, "ours auto, compiled")), ms.get((case, "plain again (second instance), compiled"))
+        if plain is not None and auto is not None:
+            table.append([case, plain, plain / auto, again and plain / again])
+        else:  # a ViT point: its own table holds the comparison (variants per preset and mode)
+            table.append([case, None, None, None])
+    return format_table(["point", "plain ms", "ours auto / plain (speed)", "plain again / plain"], table)

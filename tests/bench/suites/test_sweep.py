@@ -1,0 +1,79 @@
+import json
+
+import pytest
+
+from fullgraph.bench.results import make_rows
+from fullgraph.bench.suites import sweep
+from fullgraph.ops import measured
+from tests.bench.suites import run_suite
+
+
+def test_the_grid_is_issue_32s():
+    points = sweep.grid(small=False)
+    dits = [p for p in points if p.model == "dit"]
+    assert len(dits) == 2 * (6 * 3 + 1) and len(points) - len(dits) == 2 * 4 * 2
+    head_dims = {int(p.name.split("x")[0]) // int(p.name.split("x")[1]) for p in dits}
+    assert head_dims == {64, 72, 80, 88, 96, 128}
+    assert sweep.Point("dit", "3072x24", 1, 16384, "reduce-overhead") in dits
+
+
+def dit_rows(case, mode, ms):
+    params = {"dim": 1152, "heads": 16, "depth": 4, "batch": 8, "tokens": 256, "dtype": "bfloat16", "mode": mode}
+    return [r for v, t in ms.items() for r in make_rows("dit", case, v, {"median_ms": (t, "ms")}, params)]
+
+
+def test_decisions_take_a_kernel_only_beyond_the_points_noise():
+    ms = {"plain, compiled": 10.0, "plain again (second instance), compiled": 10.2, sweep.NATIVE: 10.0,
+          "ours none,+linear_gelu, compiled": 9.5, "ours none,+qk_norm_rope, compiled": 9.85,
+          "ours none,+layer_norm_modulate, compiled": 10.4}  # fmt: skip
+    found = {(p["op"], p["mode"]): p for p in sweep.decisions(dit_rows("p", "reduce-overhead", ms))}
+    assert found[("linear_gelu", "graphed")]["choice"] == "kernel"  # 5% faster, beyond the 2% noise
+    assert found[("qk_norm_rope", "graphed")]["choice"] == "native"  # 1.5%: within the noise
+    assert found[("layer_norm_modulate", "graphed")]["choice"] == "native"
+    assert ("skinny_linear", "graphed") not in found  # not measured at this point
+    p = found[("linear_gelu", "graphed")]
+    assert (p["dtype"], p["head_dim"], p["width"], p["rows"]) == ("bf16", 72, 1152, 2048)
+
+
+def test_written_decisions_are_what_measured_reads(tmp_path):
+    ms = {"plain, compiled": 10.0, "plain again (second instance), compiled": 10.0, sweep.NATIVE: 10.0,
+          "ours none,+linear_gelu, compiled": 9.0}  # fmt: skip
+    path = tmp_path / "decisions.json"
+    sweep.write_decisions(str(path), dit_rows("p", "default", ms))
+    (point,) = measured.read_points(path)
+    assert (point.op, point.head_dim, point.rows, point.mode, point.choice) == ("linear_gelu", 72, 2048, "default",
+                                                                                "kernel")  # fmt: skip
+    # a part of the grid measured later merges into the file: the same point replaced, others kept
+    ms["ours none,+linear_gelu, compiled"] = 10.0
+    sweep.write_decisions(str(path), dit_rows("p", "default", ms) + dit_rows("q", "reduce-overhead", ms))
+    assert {(p.mode, p.choice) for p in measured.read_points(path)} == {("default", "native"), ("graphed", "native")}
+
+
+@pytest.mark.slow
+def test_small_sweep_runs_each_point_in_a_child_and_writes_decisions(tmp_path):
+    out = tmp_path / "decisions.json"
+    rows, timed = run_suite(tmp_path, "sweep", "--small", "--write-decisions", str(out))
+    assert {r.suite for r in rows} == {"dit", "vit"}
+    # (ours auto, compiled is skipped on the CPU at HEAD: its first trace in a fresh process enters
+    # ops/policies.py version()'s lock, "Unsupported context manager"; a bug of its own)
+    assert {"plain, compiled", "plain again (second instance), compiled"} <= timed
+    assert json.loads(out.read_text())["format"] == measured.FORMAT
+    measured.read_points(out)  # readable (on a CPU without kernels the per-op variants are skipped: no points)
+
+
+def test_every_sweep_config_has_an_h200_entry():
+    """Every DiT point of the grid, in each mode, has a close committed H200 point for every decided op. Skipped,
+    listing what is missing, until the H200 sweep's decisions are committed (issue 32, item 2)."""
+    committed = [p for p in measured.read_points(measured.DATA_FILE) if p.gpu == "NVIDIA H200"]
+    missing = []
+    for p in sweep.grid(small=False):
+        if p.model != "dit":
+            continue
+        dim, heads = (int(v) for v in p.name.split("x"))
+        mode = "graphed" if p.mode == "reduce-overhead" else "default"
+        for op in sweep.DECIDED_OPS:
+            key = ("NVIDIA H200", "2.11", op, "bf16", dim // heads, dim, p.batch * p.tokens, mode)
+            if not any(measured.close(q, *key) for q in committed):
+                missing.append(f"{p.label} {op}")
+    if missing:
+        pytest.skip(f"H200 sweep not yet run: {len(missing)} (point, op) without an entry, e.g. {missing[:4]}")
