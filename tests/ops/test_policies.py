@@ -130,3 +130,28 @@ def test_compiled_code_guards_on_the_threads_policy_block():
     t.join()
     got["main"] = cf(x)
     assert got["worker"].tolist() == [1.0, 1.0] and got["main"].tolist() == [-1.0, -1.0]
+
+
+def test_a_fresh_threads_first_compiled_trace_reads_the_policy_state():
+    """version() is read while Dynamo traces our blocks (ops.direct): in a fresh thread of a fresh process it must not
+    take a lock or set state there (a lock inside a trace: 'Unsupported context manager', fullgraph=True failed)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, torch\n"
+        "from fullgraph.models.dit import DiT, config\n"
+        "torch.manual_seed(0)\n"
+        "m = DiT(config('dit_s', dim=64, heads=2, depth=1)).eval()\n"
+        "x, c = torch.randn(1, 16, 64), torch.randn(1, 64)\n"
+        "out = []\n"
+        "def run():\n"
+        "    with torch.no_grad():\n"
+        "        out.append(torch.compile(m, fullgraph=True, backend='eager')(x, c))\n"
+        "t = threading.Thread(target=run); t.start(); t.join()\n"
+        "with torch.no_grad():\n"
+        "    ref = m(x, c)\n"
+        "print('ok' if out and torch.allclose(out[0], ref, atol=1e-5) else 'failed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().endswith("ok"), done.stderr[-2000:]

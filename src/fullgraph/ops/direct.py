@@ -185,7 +185,9 @@ def direct(device: torch.device, numel: int, calls: str, policies: tuple[tuple[s
 
 
 @torch.compiler.assume_constant_result
-def _compiled_plan(device_type: str, device_index: int | None, policies: tuple, state: int, key: tuple | None) -> tuple:
+def _compiled_plan(
+    device_type: str, device_index: int | None, policies: tuple, state: tuple, key: tuple | None
+) -> tuple:
     """Per op of FORMS for compiled code: the policy's decision (`custom_op.decided`), for "auto" the row spans
     where the measurements take the kernel at `key` ((dtype, head dim, width, graphed) of `measured.Shape`, None
     without a shape: the native form), for the caller to compare the rows, which may be symbolic (`measured.pick`).
@@ -231,7 +233,7 @@ def _traced(device, calls, policies, shape) -> Direct:
 
 
 @torch.compiler.assume_constant_result
-def _attention_backend(spec: tuple, state: int, graphed_fit: bool) -> str:
+def _attention_backend(spec: tuple, state: tuple, graphed_fit: bool) -> str:
     """What `ops.attention` resolves for a call described by `spec` (a Spec's fields) while torch.compile traces,
     counted as one traced call; `state`: version(); `graphed_fit`: as in `compiled_auto`."""
     s = _backends.Spec(*spec)

@@ -43,7 +43,7 @@ KNOWN_OPS: set[str] = set()
 # environment are the process's ("cls:<op>", "env:<op>"); a `policy(...)` block is its thread's ("ctx:<op>", the
 # innermost), so a server thread running a tuned model under its policies does not change another thread's.
 _state: dict[str, str] = {}
-_local = threading.local()  # .ctx: this thread's context entries; .version: its number, for .generation
+_local = threading.local()  # .ctx: this thread's context entries; .key: them as a sorted tuple, for version()
 
 
 def _ctx() -> dict[str, str]:
@@ -53,30 +53,27 @@ def _ctx() -> dict[str, str]:
     return ctx
 
 
-# A number per distinct policy state (the process's and this thread's), for eager callers that cache their choices
-# per (version, device). Returning to an earlier state (leaving a `policy(...)` block) gives back its number, so a
-# block entered on every call does not throw away what the calls inside it chose.
-_generation = [0]  # bumped at every change of the process's settings: each thread's number is then taken again
+def _ctx_changed() -> None:
+    _local.key = tuple(sorted(_ctx().items()))
+
+
+# The policy state as a hashable value, for eager callers that cache their choices per (version, device) and for
+# compiled code's constants: the number of the process's settings (one per distinct state: returning to an earlier
+# state gives back its number) and this thread's context entries. Read while Dynamo traces, so it takes no lock and
+# changes nothing: a thread-local read and a list read, which Dynamo guards like any other.
+_version = [0]
 _state_ids: dict[tuple, int] = {}
 _ids_lock = threading.Lock()
 
 
-def version() -> int:
-    if getattr(_local, "generation", -1) != _generation[0]:
-        _changed_here()
-    return _local.version
-
-
-def _changed_here() -> None:
-    key = (tuple(sorted(_state.items())), tuple(sorted(_ctx().items())))
-    with _ids_lock:
-        _local.version = _state_ids.setdefault(key, len(_state_ids))
-    _local.generation = _generation[0]
+def version() -> tuple[int, tuple]:
+    return _version[0], getattr(_local, "key", ())
 
 
 def _changed() -> None:
-    """The process's settings changed: every thread takes its number again."""
-    _generation[0] += 1
+    """The process's settings changed (never while tracing: set_policy, the environment, restore)."""
+    with _ids_lock:
+        _version[0] = _state_ids.setdefault(tuple(sorted(_state.items())), len(_state_ids))
 
 
 # Which implementation ran, by (op, "eager"/"compiled", "native"/"kernel"): eager counts calls, compiled
@@ -96,6 +93,7 @@ def restore(saved: dict[str, str]) -> None:
     ctx = _ctx()
     ctx.clear()
     ctx.update({k: v for k, v in saved.items() if k.startswith("ctx:")})
+    _ctx_changed()
     _changed()
 
 
@@ -160,7 +158,7 @@ def policy(**ops: str | Policy):
     ctx = _ctx()
     saved = {k: ctx.get(k) for k in parsed}
     ctx.update(parsed)
-    _changed_here()
+    _ctx_changed()
     try:
         yield
     finally:
@@ -169,7 +167,7 @@ def policy(**ops: str | Policy):
                 ctx.pop(k, None)
             else:
                 ctx[k] = v
-        _changed_here()
+        _ctx_changed()
 
 
 def effective(op: str, instance: str | None = None) -> str:
