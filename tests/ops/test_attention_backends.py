@@ -215,3 +215,14 @@ def test_eager_inference_skips_the_op_dispatch(monkeypatch):
     assert direct == [1]  # through the op
     out.sum().backward()
     assert leaf.grad is not None and torch.equal(out.detach(), fast)
+
+
+def test_the_choice_cache_lives_in_fullgraphs_cache_folder(monkeypatch, tmp_path):
+    """FULLGRAPH_CACHE_DIR first, then $XDG_CACHE_HOME/fullgraph: where the decision data and package probes live."""
+    from fullgraph.ops.attention_backends import cache_path
+
+    monkeypatch.delenv("FULLGRAPH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_path() == str(tmp_path / "xdg" / "fullgraph" / "attention_choices.json")
+    monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path / "own"))
+    assert cache_path() == str(tmp_path / "own" / "attention_choices.json")

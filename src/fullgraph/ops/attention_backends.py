@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from fullgraph import env
 from fullgraph._files import write_atomic
+from fullgraph._paths import cache_dir
 from fullgraph.kernels._library import call_kernel
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops.custom_op import kernel_runs_on
@@ -316,8 +317,9 @@ timings: dict[str, dict[str, float]] = {}  # cache key -> {backend: median ms} o
 
 
 def cache_path() -> str:
-    root = os.environ.get("FULLGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fullgraph")
-    return os.path.join(root, "attention_choices.json")
+    """`attention_choices.json` in fullgraph's cache folder (`fullgraph._paths.cache_dir`: FULLGRAPH_CACHE_DIR, else
+    $XDG_CACHE_HOME/fullgraph, else ~/.cache/fullgraph), beside the decision data and the package probes."""
+    return os.path.join(cache_dir(), "attention_choices.json")
 
 
 def _bucket(n: int) -> int:
