@@ -177,20 +177,20 @@ class CallGuard:
         self.lock = threading.RLock()
         self.graph_trees = False  # set once a model behind this guard replays torch's CUDA-graph trees
         self.trees = ({}, defaultdict(threading.Lock))  # what cudagraph_trees keeps per thread, kept per guard here
-        self._saved: list[tuple[Any, Any]] = []
+        self._saved: tuple[Any, Any] | None = None  # the calling thread's own tree state, while the guard is held
         self._depth = 0
         self._stream: Any = None  # the CUDA stream of the last call (see follow_stream)
         self._agains = 0  # calls run again to record on their thread (see warmed_up)
 
     def __enter__(self) -> CallGuard:
-        if self.graph_trees and torch.cuda.is_initialized() and not getattr(_primed, "devices", None):
+        if self.graph_trees and not getattr(_primed, "devices", None) and torch.cuda.is_initialized():
             _prime_thread()  # a thread's first call (see _prime_thread; one device is the usual case, checked cheaply)
         self.lock.acquire()
         self._depth += 1
         if self.graph_trees and self._depth == 1:
             try:
                 mine = _trees_local().__dict__  # the calling thread's
-                self._saved.append((mine.get("tree_manager_containers"), mine.get("tree_manager_locks")))
+                self._saved = mine.get("tree_manager_containers"), mine.get("tree_manager_locks")
                 mine["tree_manager_containers"], mine["tree_manager_locks"] = self.trees
             except BaseException:
                 self._depth -= 1
@@ -200,8 +200,8 @@ class CallGuard:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            if self._saved and self._depth == 1:
-                containers, locks = self._saved.pop()
+            if self._saved is not None and self._depth == 1:
+                (containers, locks), self._saved = self._saved, None
                 mine = _trees_local().__dict__
                 if containers is None:
                     mine.pop("tree_manager_containers", None)

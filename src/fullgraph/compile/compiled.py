@@ -158,11 +158,12 @@ class CompiledModel(nn.Module):
 
     def _process(self, warming: bool) -> process_settings:
         """Alone in the process when this call sets a setting torch keeps process-wide (see the module docstring)."""
-        if self._eager or not (self._trace is not None or self._parts_config or self._strict or self._resolved.dynamo):
+        if self._eager:
             return _SHARED
-        alone = self._trace is not None or self._parts_config or (self._strict and self._warmed and not warming)
+        if self._trace is not None or self._parts_config or (self._strict and self._warmed and not warming):
+            return _ALONE
         dynamo = self._resolved.dynamo
-        return _ALONE if alone or (dynamo and not DynamoConfig.holds(dynamo)) else _SHARED
+        return _ALONE if dynamo and not DynamoConfig.holds(dynamo) else _SHARED
 
     def _locked_call(self, args: tuple, kwargs: dict, warming: bool) -> Any:
         args, kwargs = self._inputs(args, kwargs)
