@@ -11,7 +11,9 @@ which Bucketed pads back). Per thread count, in phases:
 - references: each input set's output, called in one thread (after the cold calls, which keep a copy of theirs).
 - timed: every thread calls in a loop for `seconds`, without checks; each call waits for its own output (the
   stream synchronized). Throughput (calls/s, items/s along dim 0) over the wall time, latency p50 / p99 per call,
-  GPU memory (`torch.cuda.memory_allocated`) after the first GROWTH_AFTER calls and at the end.
+  GPU memory (`torch.cuda.memory_allocated`) with no call in flight, after GROWTH_AFTER untimed calls made from
+  the same threads just before and again at the end: a reading taken while other threads' calls hold their
+  activations would count those as the model's.
 - check: every thread calls with each input set CHECK_ROUNDS times and compares each output, as soon as it has it,
   with that set's reference: wrong when the relative error (norm of the difference over the norm of the reference,
   all output tensors together) is above TOLERANCE or the shapes differ.
@@ -61,7 +63,7 @@ INPUT_SETS = 8
 CHECK_ROUNDS = 3
 TOLERANCE = 1e-2  # relative error, norm sense
 WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
-GROWTH_AFTER = 100  # calls into the timed phase when the memory baseline is read
+GROWTH_AFTER = 100  # calls (all threads together) before the memory baseline is read, nothing in flight
 MAX_ERRORS = 10  # exceptions after which a thread stops its phase (a callable that always raises would spin)
 
 Inputs = tuple[tuple, dict]  # one call's (args, kwargs)
@@ -329,10 +331,22 @@ class Driver:
         return total(tallies), max(took)
 
     def timed(self, n: int, seconds: float) -> tuple[Tally, float, int | None]:
-        """Every thread calls until `seconds` after the release: (the sum, wall seconds, memory after GROWTH_AFTER
-        calls or None on the CPU or when fewer calls ran)."""
-        count = itertools.count(1)
-        baseline: list[int] = []
+        """GROWTH_AFTER calls from `n` threads, the memory baseline with all of them done, then every thread calls
+        until `seconds` after the release: (the timed calls' sum, wall seconds, the baseline or None on the CPU)."""
+        settle = itertools.count()
+
+        def first(i: int, start: float) -> Tally:
+            tally = Tally()
+            while (k := next(settle)) < GROWTH_AFTER:
+                try:
+                    self.call(k)
+                except Exception as e:
+                    if tally.failed(e):
+                        break
+            return tally
+
+        early, _ = in_threads(n, first)
+        baseline = self.memory()
 
         def work(i: int, start: float) -> Tally:
             tally, j = Tally(), i
@@ -348,12 +362,20 @@ class Driver:
                 tally.latencies.append(time.perf_counter() - t0)
                 tally.calls += 1
                 tally.items += self.items[k % len(self.sets)]
-                if self.cuda and next(count) == GROWTH_AFTER:
-                    baseline.append(torch.cuda.memory_allocated())
             return tally
 
         tallies, wall = in_threads(n, work)
-        return total(tallies), wall, baseline[0] if baseline else None
+        timed, before = total(tallies), total(early)
+        timed.exceptions += before.exceptions
+        timed.first_error = timed.first_error or before.first_error
+        return timed, wall, baseline
+
+    def memory(self) -> int | None:
+        """Bytes allocated on the GPU once every stream's work is done; None on the CPU."""
+        if not self.cuda:
+            return None
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated()
 
     def checked(self, n: int) -> Tally:
         def work(i: int, start: float) -> Tally:
@@ -382,7 +404,7 @@ class Point:
     wall_s: float
     checks: Tally  # the check phase and the cold calls' checks
     first_call_s: float | None  # cold: the slowest first call
-    mem_after: int | None  # bytes allocated after GROWTH_AFTER timed calls (GPU)
+    mem_after: int | None  # bytes allocated after GROWTH_AFTER calls, nothing in flight (GPU)
     mem_end: int | None
 
     @property
@@ -423,7 +445,7 @@ def measure_point(plan: Plan, driver: Driver, n: int, say: Callable[[str], None]
         _single("computing the references", driver.references)
     say(f"{threads}: calling for {plan.seconds:g} s (timed, no checks)")
     timed, wall, mem_after = driver.timed(n, plan.seconds)
-    mem_end = torch.cuda.memory_allocated() if driver.cuda else None
+    mem_end = driver.memory()
     say(f"{threads}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
     checks = total([cold, driver.checked(n)])
     return Point(n, timed, wall, checks, first_s, mem_after, mem_end)
