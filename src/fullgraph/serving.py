@@ -166,6 +166,27 @@ def _prime_thread() -> None:
     done.add(device)
 
 
+_bound = threading.local()  # .devices: the CUDA devices whose primary context this thread has made current
+
+
+def bind_cuda_context(index: int) -> None:
+    """Make CUDA device `index`'s primary context current on the calling thread, once per thread and device.
+
+    Code that launches kernels through CUDA's driver API (AOTInductor's compiled packages: `cuLaunchKernel`) needs
+    a current context and does not make one, where the runtime API that torch's own ops use binds the device's
+    primary context at a thread's first call. A package whose first kernel is a Triton kernel then failed on every
+    call from a fresh thread ("CUDA driver error: invalid device context", H200, torch 2.11, our DiT's package
+    served from a thread pool), while its calls in the thread that loaded it worked. One small runtime launch binds
+    it; nothing is launched while this thread captures a CUDA graph (a capture has a current context already)."""
+    done = _bound.__dict__.setdefault("devices", set())
+    if index in done:
+        return
+    if not torch.cuda.is_current_stream_capturing():
+        with torch.cuda.device(index):
+            torch.zeros(1, device=torch.device("cuda", index))
+    done.add(index)
+
+
 class CallGuard:
     """One model's critical section (see the module docstring): a re-entrant lock, and with `graph_trees` on, torch's
     CUDA-graph-tree state of the calling thread pointed at this guard's own for the call. `with guard: out = ...;
@@ -218,8 +239,7 @@ class CallGuard:
         that warmed it up, whose per-thread caches (cuDNN's attention graphs per shape, say) hold what the graph uses;
         a recording on a thread that only replayed so far would build them inside the capture. torch-private state
         (`path_state`), read defensively: anything unexpected reads "no", which is how it was before. At most
-        `_MAX_AGAINS` times per guard: code whose trees warm up at every call (H200: a precompiled reduce-overhead
-        ViT-S/16 ran 3 ms a call against 0.76 compiled) would otherwise run every call twice."""
+        `_MAX_AGAINS` times per guard: code whose trees warm up at every call would otherwise run every call twice."""
         if self._agains >= _MAX_AGAINS:
             return False
         for container in self.trees[0].values():

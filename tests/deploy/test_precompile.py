@@ -238,3 +238,31 @@ def test_out_of_memory_in_a_precompiled_call_names_the_inputs(tmp_path):
     with pytest.raises(OutOfMemoryError, match=r"m\.fgpre: out of GPU memory for inputs 64x8:float32@cpu; call it"):
         loaded(torch.randn(64, 8))
     assert not loaded._guard.lock._is_owned()  # the lock is released for the next call
+
+
+@needs_api
+@pytest.mark.gpu
+def test_a_reduce_overhead_file_replays_one_cuda_graph_from_many_threads(tmp_path, monkeypatch):
+    # torch applies no CUDA graph to loaded code unless triton.cudagraphs is on as it loads (precompile docstring):
+    # such a file runs behind GraphedCall, which captures at the second call of a signature and replays after.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    model = Linears().eval().cuda()
+    x = torch.randn(4, 8, device="cuda")
+    meta = pre.save_precompiled(model, (x,), tmp_path / "m.fgpre", mode="reduce-overhead")
+    assert meta.cuda_graphs
+    loaded = pre.load_precompiled(tmp_path / "m.fgpre", model)
+    inputs = [torch.randn(4, 8, device="cuda") for _ in range(16)]
+    double = Linears().double().cuda()
+    double.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        refs = [double(x.double()).float() for x in inputs]
+    outs = [loaded(x) for x in inputs[:3]]
+    assert len(loaded.graphs.graphs) == 1 and loaded.graphs.skipped == {}
+    assert outs[1].data_ptr() != outs[2].data_ptr()  # each caller's own copy, not the graph's output memory
+    got = threaded(loaded, inputs, rounds=20)
+    assert got["exceptions"] == [] and got["calls"] == 16 * 20
+    worst = max((out - refs[i]).abs().max().item() / refs[i].abs().max().item() for i, out in got["outputs"])
+    assert worst < 1e-2  # TF32 may be on; a wrong caller's output would be off by O(1)
+    with pytest.raises(DeployError, match="was precompiled for inputs 4x8:float32@cuda"):
+        loaded(torch.randn(5, 8, device="cuda"))

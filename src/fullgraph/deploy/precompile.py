@@ -23,6 +23,15 @@ raise a DeployError naming the guard that failed, instead of recompiling.
 
 Calls run under `torch.no_grad()`: the graph is an inference graph, compiled with autograd off.
 
+CUDA graphs: torch applies its CUDA-graph trees to loaded code only where Inductor's `triton.cudagraphs` is on in
+the loading process when the file is loaded (`deserialize_bundled_cache_entry` reads the global setting; the
+mode saved with the file is not consulted), so a file precompiled with `mode="reduce-overhead"` ran every kernel
+launch from Python: 2.2 ms a call at timm ViT-S/16 batch 4 on the H200 against 0.59 for torch.compile's
+reduce-overhead (`benchmarks/precompiled_probe.py`). Such a file (`meta.cuda_graphs`) is loaded behind
+`fullgraph.compile.GraphedCall` instead: the first call of each input signature runs the code, the second
+captures it in a CUDA graph, later ones replay it. The weights are captured by address: update them in place
+(`load_state_dict`, `copy_`), never by assigning new tensors to the model.
+
 Security: the file is a pickle of code objects that run when loaded. `load_precompiled` refuses a file that
 another user owns or that anyone but its owner can write, like the other loaders (fullgraph.deploy._common).
 """
@@ -50,6 +59,7 @@ import fullgraph.ops  # noqa: F401 - compiling here: our ops registered and torc
 from fullgraph._files import disk_full, temp_dir_beside
 from fullgraph._paths import display_path
 from fullgraph.compile.dynamic import check_dynamic_spec, declare_dynamic
+from fullgraph.compile.graphs import GraphedCall
 from fullgraph.deploy._common import (
     DeployError,
     environment,
@@ -235,49 +245,70 @@ def read_precompiled(path: str | os.PathLike) -> tuple[PrecompiledMeta, bytes]:
 class PrecompiledModel:
     """A precompiled call bound to a model: call it like the model (`loaded(x)`), under `torch.no_grad()`.
 
-    Callable from many threads at once: each call runs under the model class's `CallGuard` (`fullgraph.serving`),
-    so the compiled code's lazy set-up at a first call runs once and, where the code replays CUDA graphs
-    (`meta.cuda_graphs`), one thread's replay cannot overwrite the outputs another is reading: those are copied out
-    inside the guard, and torch's per-thread CUDA-graph-tree state is the guard's whichever thread calls. `borrow`
-    skips the copy."""
+    Callable from many threads at once. Code that replays CUDA graphs (`meta.cuda_graphs`, on a GPU) goes through
+    a `GraphedCall` (module docstring), which holds its lock around a replay and copies the outputs out inside
+    it. Otherwise each call runs under the model class's `CallGuard` (`fullgraph.serving`), so the compiled code's
+    lazy set-up at a first call runs once; where torch's own CUDA-graph trees replay (Inductor's `triton.cudagraphs`
+    on when the file was loaded), the outputs are copied out inside the guard and the trees' per-thread state is
+    the guard's whichever thread calls. `borrow` skips the copy."""
 
-    def __init__(self, path: str, meta: PrecompiledMeta, model: torch.nn.Module, compiled: Any):
+    def __init__(self, path: str, meta: PrecompiledMeta, model: torch.nn.Module, compiled: Any, *, trees: bool = False):
         self.path, self.meta, self.model = path, meta, model
         self._compiled = compiled
-        self._graphs = meta.cuda_graphs or (meta.device != "cpu" and _replays_graphs(meta.mode, None))
+        graphs = meta.cuda_graphs or (meta.device != "cpu" and _replays_graphs(meta.mode, None))
+        on_gpu = "@cuda" in meta.signature  # the inputs' device (meta.device is the machine's GPU, if any)
+        self._graphed = GraphedCall(self._bare, name=display_path(path)) if graphs and on_gpu and not trees else None
+        self._trees = graphs and self._graphed is None  # torch's trees replay inside the code (or a stand-in's)
         self._guard = guard_for(type(model))
-        if self._graphs:
+        if self._trees:
             self._guard.graph_trees = True
+
+    @property
+    def graphs(self) -> GraphedCall | None:
+        """The `GraphedCall` that captures and replays this model's CUDA graphs, or None where none does."""
+        return self._graphed
 
     def __call__(self, *args: Any) -> Any:
         """The model's output for these positional inputs (precompiled for positional inputs only), the caller's
-        own: copied out of the CUDA graph's memory where the code replays one."""
+        own: copied out of the CUDA graph's memory where one replays."""
+        if self._graphed is not None:
+            with torch.no_grad():  # GraphedCall captures inference calls only
+                return self._graphed(*args)
         with self._guard:
             out = self._run(args)
-            return copy_out(out) if self._graphs else out
+            return copy_out(out) if self._trees else out
 
     @contextlib.contextmanager
     def borrow(self, *args: Any) -> Iterator[Any]:
         """`with loaded.borrow(x) as out:` the output without a copy, valid inside the block only: the model's
-        guard is held until the block ends, so no other thread's call can overwrite it meanwhile."""
+        lock is held until the block ends, so no other thread's call can overwrite it meanwhile."""
+        if self._graphed is not None:
+            with torch.no_grad(), self._graphed.borrow(*args) as out:
+                yield out
+            return
         with self._guard:
             yield self._run(args)
 
+    def _bare(self, *args: Any) -> Any:
+        """One call of the code, what GraphedCall runs and captures (under its own lock)."""
+        with self._guard:  # the class's guard: the compiled code's lazy set-up at its first call runs once
+            return self._run(args)
+
     def _run(self, args: tuple) -> Any:
         """One call, inside the guard; torch's out-of-memory and guard failures as our errors."""
-        if self._graphs and self.meta.device != "cpu":
+        if self._trees and "@cuda" in self.meta.signature:
             self._guard.follow_stream()
         try:
             with torch.no_grad():
                 out = self._compiled(self.model, *args)
-                if self._graphs and self._guard.warmed_up():  # record on this thread now (CallGuard.warmed_up)
+                if self._trees and self._guard.warmed_up():  # record on this thread now (CallGuard.warmed_up)
                     del out
                     out = self._compiled(self.model, *args)
                 return out
         except OutOfMemoryError:
             raise
         except torch.OutOfMemoryError as e:
-            if self._graphs:
+            if self._trees:
                 self._guard.recover_trees()
             raise out_of_memory(display_path(self.path), args, None, e) from None
         except RuntimeError as e:
@@ -331,8 +362,9 @@ def load_precompiled(
         wrong.append(f"inputs {meta.signature} there, {signature} here")
     if wrong:
         raise DeployError(f"refusing precompiled model {shown}: {'; '.join(wrong)}; {_FIX}")
+    trees = bool(torch._inductor.config.triton.cudagraphs)  # read by torch as it loads the code (module docstring)
     try:
         compiled = torch.compiler.load_compiled_function(io.BytesIO(payload))
     except Exception as e:  # torch's unpickler and compatibility checks raise what they meet
         raise DeployError(f"torch could not load the precompiled model {shown}: {first_line(e)}; {_FIX}") from e
-    return PrecompiledModel(os.path.abspath(path), meta, model, compiled)
+    return PrecompiledModel(os.path.abspath(path), meta, model, compiled, trees=trees)
