@@ -204,6 +204,35 @@ def test_a_cuda_package_replays_from_a_cuda_graph_and_matches_its_plain_load(tmp
     assert len(graphed.graphs.graphs) == 1 and not graphed.graphs.skipped
 
 
+class NormFirst(torch.nn.Module):
+    """Our RMSNorm's Triton kernel first, then a matmul: the package's first launch goes through CUDA's driver API."""
+
+    def __init__(self, dim: int = 64):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(dim) + 0.5)
+        self.proj = torch.nn.Linear(dim, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(fullgraph.ops.rms_norm(x, self.weight))
+
+
+@pytest.mark.gpu
+def test_a_package_whose_first_kernel_is_triton_runs_from_a_fresh_thread(tmp_path):
+    # H200, torch 2.11: every call from a thread other than the loading one failed ("CUDA driver error: invalid
+    # device context") until the package bound the device's context on each calling thread (bind_cuda_context).
+    model = NormFirst().cuda().eval()
+    with fullgraph.ops.policy(rms_norm="kernel"):
+        path = export(model, (torch.randn(4, 64, device="cuda"),), tmp_path / "norm.pt2")
+    loaded = load(path, probe_first=False)
+    inputs = [torch.randn(4, 64, device="cuda") for _ in range(8)]
+    with torch.no_grad(), fullgraph.ops.policy(rms_norm="native"):
+        refs = [model(x) for x in inputs]
+    got = threaded(loaded, inputs, rounds=5)  # eight fresh threads, none of which loaded the package
+    assert got["exceptions"] == [] and got["calls"] == 8 * 5
+    for i, out in got["outputs"]:
+        torch.testing.assert_close(out, refs[i], rtol=2e-5, atol=2e-5)
+
+
 def test_a_presets_inductor_options_reach_the_package_less_what_a_package_cannot_use():
     assert build.aot_options(None) == {}
     perception = build.aot_options("perception")

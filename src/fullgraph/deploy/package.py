@@ -50,7 +50,7 @@ from fullgraph.deploy._calls import OomCount, cuda_device, dynamic_ranges, misfi
 from fullgraph.deploy._common import DeployError, cache_dir, environment, input_signature, open_trusted
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
-from fullgraph.serving import OutOfMemoryError, out_of_memory
+from fullgraph.serving import OutOfMemoryError, bind_cuda_context, out_of_memory
 
 PROBE_FILE = "aoti_probes.json"
 PROBE_TIMEOUT_S = 300.0
@@ -426,13 +426,19 @@ class LoadedPackage:
         self._model = model
         self._graphed = isinstance(model, GraphedCall)
         self._ooms = OomCount()
+        device = torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu")
+        self._cuda_index = None  # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)
+        if device.type == "cuda":
+            self._cuda_index = torch.cuda.current_device() if device.index is None else device.index
         with contextlib.suppress(Exception):  # the baseline of the device's out-of-memory count (a CUDA package)
-            self._ooms.start(torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu"))
+            self._ooms.start(device)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The model's output. Callable from many threads at once: the AOTInductor runner is (0 wrong of 200 calls
         from 4 threads on the H200), and with cuda_graphs=True, GraphedCall holds its own lock around a replay and
         the copy of its outputs. Failures are told apart on the error path only (`fullgraph.deploy._calls`)."""
+        if self._cuda_index is not None:
+            bind_cuda_context(self._cuda_index)  # a fresh thread: the package's driver-API launches need a context
         try:
             if self._graphed:
                 with torch.no_grad():  # GraphedCall captures inference calls only; a package has no autograd anyway
