@@ -11,9 +11,10 @@ which Bucketed pads back). Per thread count, in phases:
 - references: each input set's output, called in one thread (after the cold calls, which keep a copy of theirs).
 - timed: every thread calls in a loop for `seconds`, without checks; each call waits for its own output (the
   stream synchronized). Throughput (calls/s, items/s along dim 0) over the wall time, latency p50 / p99 per call,
-  GPU memory (`torch.cuda.memory_allocated`) with no call in flight, after GROWTH_AFTER untimed calls made from
-  the same threads just before and again at the end: a reading taken while other threads' calls hold their
-  activations would count those as the model's.
+  GPU memory (`torch.cuda.memory_allocated`) with no call in flight, after GROWTH_AFTER untimed calls made by the
+  same threads just before (each at least one) and again at the end: the threads are a server's pool, made once
+  (torch and the runtimes keep per-thread state: library handles, workspaces), and a reading taken while other
+  threads' calls hold their activations would count those as the model's.
 - check: every thread calls with each input set CHECK_ROUNDS times and compares each output, as soon as it has it,
   with that set's reference: wrong when the relative error (norm of the difference over the norm of the reference,
   all output tensors together) is above TOLERANCE or the shapes differ.
@@ -25,7 +26,6 @@ when any output was wrong or any call raised. What reads TARGETs and builds pack
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import tempfile
@@ -63,7 +63,7 @@ INPUT_SETS = 8
 CHECK_ROUNDS = 3
 TOLERANCE = 1e-2  # relative error, norm sense
 WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
-GROWTH_AFTER = 100  # calls (all threads together) before the memory baseline is read, nothing in flight
+GROWTH_AFTER = 100  # calls (all threads together, each at least one) before the memory baseline, nothing in flight
 MAX_ERRORS = 10  # exceptions after which a thread stops its phase (a callable that always raises would spin)
 
 Inputs = tuple[tuple, dict]  # one call's (args, kwargs)
@@ -330,45 +330,49 @@ class Driver:
             tallies[i].check(out, self.refs[i % len(self.sets)])
         return total(tallies), max(took)
 
-    def timed(self, n: int, seconds: float) -> tuple[Tally, float, int | None]:
-        """GROWTH_AFTER calls from `n` threads, the memory baseline with all of them done, then every thread calls
-        until `seconds` after the release: (the timed calls' sum, wall seconds, the baseline or None on the CPU)."""
-        settle = itertools.count()
+    def timed(self, n: int, seconds: float) -> tuple[Tally, float, tuple[int | None, int | None]]:
+        """In `n` threads, the same ones throughout, as a server's pool: GROWTH_AFTER calls among them (each thread at
+        least one), the memory baseline once all have stopped, every thread calling for `seconds`, the memory again
+        once all have stopped. Returns the timed calls' sum (the first calls' exceptions included), the timed wall
+        seconds and the two readings (None on the CPU)."""
+        share = max(1, math.ceil(GROWTH_AFTER / n))
+        marks: dict[str, float] = {}
+        readings: list[int | None] = []
 
-        def first(i: int, start: float) -> Tally:
-            tally = Tally()
-            while (k := next(settle)) < GROWTH_AFTER:
+        def mark(name: str) -> Callable[[], None]:
+            def action() -> None:  # run by one thread once all have arrived: nothing is in flight
+                readings.append(self.memory())
+                marks[name] = time.perf_counter()
+
+            return action
+
+        settled, finished = threading.Barrier(n, action=mark("start")), threading.Barrier(n, action=mark("end"))
+
+        def work(i: int, _: float) -> Tally:
+            tally, j = Tally(), i
+            for k in range(i, i + share):
                 try:
                     self.call(k)
                 except Exception as e:
                     if tally.failed(e):
                         break
-            return tally
-
-        early, _ = in_threads(n, first)
-        baseline = self.memory()
-
-        def work(i: int, start: float) -> Tally:
-            tally, j = Tally(), i
-            while time.perf_counter() - start < seconds:
+            settled.wait()
+            while time.perf_counter() - marks["start"] < seconds and tally.exceptions < MAX_ERRORS:
                 k, j = j, j + 1
                 t0 = time.perf_counter()
                 try:
                     self.call(k)
                 except Exception as e:
-                    if tally.failed(e):
-                        break
+                    tally.failed(e)
                     continue
                 tally.latencies.append(time.perf_counter() - t0)
                 tally.calls += 1
                 tally.items += self.items[k % len(self.sets)]
+            finished.wait()
             return tally
 
-        tallies, wall = in_threads(n, work)
-        timed, before = total(tallies), total(early)
-        timed.exceptions += before.exceptions
-        timed.first_error = timed.first_error or before.first_error
-        return timed, wall, baseline
+        tallies, _ = in_threads(n, work)
+        return total(tallies), marks["end"] - marks["start"], (readings[0], readings[1])
 
     def memory(self) -> int | None:
         """Bytes allocated on the GPU once every stream's work is done; None on the CPU."""
@@ -444,8 +448,7 @@ def measure_point(plan: Plan, driver: Driver, n: int, say: Callable[[str], None]
         _single("the warm-up", lambda: [driver.call(0) for _ in range(WARMUP_CALLS)])
         _single("computing the references", driver.references)
     say(f"{threads}: calling for {plan.seconds:g} s (timed, no checks)")
-    timed, wall, mem_after = driver.timed(n, plan.seconds)
-    mem_end = driver.memory()
+    timed, wall, (mem_after, mem_end) = driver.timed(n, plan.seconds)
     say(f"{threads}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
     checks = total([cold, driver.checked(n)])
     return Point(n, timed, wall, checks, first_s, mem_after, mem_end)
