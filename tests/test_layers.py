@@ -11,10 +11,11 @@ SRC = Path(fullgraph.__file__).parent
 FLOOR = {"env", "errors", "timing", "replay", "serving", "_capture", "_paths", "_files", "_version"}
 # What each package may import besides the floor (DESIGN.md, Layers); cli may import anything.
 ALLOWED = {
-    "diagnose": {"compile", "bench", "models", "ops"},
-    "bench": {"models", "ops", "compile", "kernels"},
+    "diagnose": {"compile", "bench", "models", "ops", "rewrite"},
+    "bench": {"models", "ops", "compile", "kernels", "rewrite"},
     "deploy": {"compile", "ops"},
     "models": {"ops"},
+    "rewrite": {"ops", "kernels", "compile"},
     "ops": {"kernels"},
     "compile": set(),
     "kernels": set(),

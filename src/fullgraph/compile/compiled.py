@@ -31,10 +31,11 @@ the first call (after the `dtype=` cast of floating inputs) and against the mode
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,7 +48,9 @@ from fullgraph.compile.dynamic import DynamicSpec, check_dynamic_spec, declare_d
 from fullgraph.compile.graphs import GraphedCall
 from fullgraph.compile.options import DynamoConfig, Resolved, resolve
 from fullgraph.compile.plan import PlanResult, build_parts
-from fullgraph.compile.presets import Preset
+from fullgraph.compile.presets import Preset, get_preset
+from fullgraph.compile.rewrites import Recorder, with_rewrites
+from fullgraph.compile.rewrites import check_spec as check_rewrites
 from fullgraph.compile.stats import CompileStats, Tracker
 from fullgraph.compile.trace import TraceScope
 from fullgraph.errors import FullgraphError, UsageError
@@ -100,7 +103,8 @@ class CompiledModel(nn.Module):
                  on_error: str = "raise", strict_recompiles: bool = False, trace: TraceScope | None = None,
                  eager: bool = False, label: str | None = None,
                  dynamic: DynamicSpec | None = None, parts: PlanResult | None = None,
-                 around: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:  # fmt: skip
+                 around: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 rewrites: Recorder | None = None) -> None:  # fmt: skip
         super().__init__()
         if dtype is not None:
             model.to(dtype)
@@ -113,6 +117,7 @@ class CompiledModel(nn.Module):
         self._strict = strict_recompiles
         self._trace = trace
         self._tracker = Tracker()
+        self._rewrites = rewrites  # what the graph-rewrite pass applied in this model's compiles
         self._eager = eager
         self._warmed = False
         self._signature: dict[str, tuple[torch.dtype, torch.device]] = {}
@@ -332,7 +337,11 @@ class CompiledModel(nn.Module):
 
     @property
     def stats(self) -> CompileStats:
-        return self._tracker.stats
+        stats = self._tracker.stats
+        if self._rewrites is None:
+            return stats
+        return dataclasses.replace(stats, rewrites=tuple(self._rewrites.applied),
+                                   rewrites_skipped=tuple(self._rewrites.skipped))  # fmt: skip
 
     @property
     def plan(self) -> PlanResult | None:
@@ -411,6 +420,8 @@ def compile(
     recompile_limit: int | None = None,
     choice: Any = None,
     around: Callable[[], contextlib.AbstractContextManager] | None = None,
+    rewrites: str | Sequence[str] = "auto",
+    approximate_gelu: bool = False,
 ) -> CompiledModel:
     """Compile `model` with a preset (see fullgraph.compile.PRESETS) and the overrides given; everything is
     validated before anything compiles, and nothing compiles until the first call or `warmup`.
@@ -431,6 +442,10 @@ def compile(
       applied by `fullgraph.deploy.compile_tuned`, not here (this layer does not import the ops).
     - `around=`: a callable returning a context manager entered around each call and warm-up of this model only
       (`around=lambda: fullgraph.ops.policy(attention="native")`); compiled code guards on what it sets.
+    - `rewrites="auto"`: the preset's graph rewrites (`Preset.rewrites`), each applied inside the compiled graph
+      where its decision says it wins; `rewrites=["patch_gemm", ...]` forces those wherever they are sound; `[]`
+      none. `approximate_gelu=True` lets an exact GELU become the tanh form (a changed function) where that is what
+      the GELU epilogue computes. What was applied, where: `stats.rewrites` (docs/rewrites.md).
     - `plan={"vision": "perception", "fusion": "eager", "head": {"backend": "cudagraphs"}}` compiles those
       submodules each its own way (dict entries override `preset`) and runs the rest eagerly;
       `regional=True` ("per-block") or "nested" compiles the repeated blocks once (fullgraph.compile.plan).
@@ -471,14 +486,21 @@ def compile(
                 raise UsageError(f"{name}={given!r} contradicts the choice {picked.config!r}; drop one of them")
         preset, mode, dtype = picked.preset, mode or picked.mode, dtype or picked.dtype
         eager, label = picked.eager, f"auto: {picked.config}"
+    if not isinstance(approximate_gelu, bool):
+        raise UsageError(f"approximate_gelu={approximate_gelu!r}: give True or False")
+    forced = check_rewrites(rewrites)
     dynamo = {"recompile_limit": recompile_limit} if recompile_limit is not None else None
     resolved = resolve(preset, mode=mode, backend=backend, options=options, dynamo=dynamo, dynamic=dynamic,
                        fullgraph=fullgraph)  # fmt: skip
+    recorder = Recorder()
+    chosen = get_preset(preset).rewrites if forced is None else forced
+    resolved = with_rewrites(resolved, chosen, forced=forced is not None, approximate_gelu=approximate_gelu,
+                             recorder=recorder)  # fmt: skip
     parts = build_parts(model, preset, resolved, plan=plan, regional=regional, given=given)
     trace = TraceScope(debug) if debug is not None else None
     return CompiledModel(model, resolved, dtype=dtype, on_error=on_error, strict_recompiles=strict_recompiles,
                          trace=trace, eager=eager, label=label, dynamic=spec, parts=parts,
-                         around=around)  # fmt: skip
+                         around=around, rewrites=recorder)  # fmt: skip
 
 
 __all__ = ["CompileFallbackWarning", "CompiledModel", "StrictRecompileError", "compile"]

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fullgraph.compile.rewrites import ALL as REWRITES
+from fullgraph.compile.rewrites import REGISTRY
 from fullgraph.errors import UsageError
 
 # torch.compile's modes (inductor backend only), simplest first.
@@ -33,6 +35,7 @@ class Preset:
     summary: str = ""
     maps: tuple[tuple[str, str], ...] = ()  # (the chapter's intention, the mechanism used)
     drops: tuple[tuple[str, str], ...] = ()  # (what the chapter writes, why it is not used and what to use)
+    rewrites: tuple[str, ...] = REWRITES  # graph rewrites `rewrites="auto"` considers (fullgraph.compile.rewrites)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -43,6 +46,10 @@ class Preset:
             raise UsageError(
                 f"preset {self.name!r}: mode={self.mode!r} needs backend='inductor' (modes are Inductor's)"
             )
+        unknown = [r for r in self.rewrites if r not in REGISTRY]
+        if unknown:
+            known = ", ".join(REGISTRY)
+            raise UsageError(f"preset {self.name!r}: unknown rewrite {unknown[0]!r}; the rewrites are {known}")
         for table in (self.options, self.dynamo):
             keys = [k for k, _ in table]
             if len(keys) != len(set(keys)) or not all(isinstance(k, str) and k for k in keys):
@@ -61,6 +68,7 @@ class Preset:
         d = dataclasses.asdict(self)
         d["options"], d["dynamo"] = dict(self.options), dict(self.dynamo)
         d["maps"], d["drops"] = [list(m) for m in self.maps], [list(m) for m in self.drops]
+        d["rewrites"] = list(self.rewrites)
         return d
 
     @classmethod
@@ -75,6 +83,8 @@ class Preset:
         d["dynamo"] = tuple(dict(d.get("dynamo") or {}).items())
         d["maps"] = tuple(tuple(m) for m in d.get("maps") or ())
         d["drops"] = tuple(tuple(m) for m in d.get("drops") or ())
+        if "rewrites" in d:
+            d["rewrites"] = tuple(d["rewrites"])
         return cls(**d)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from fullgraph.compile.rewrites import Applied, Skipped
+
 # Dynamo's timer around one frame's whole compile (tracing and the backend).
 _COMPILE_TIMER = "_compile.compile_inner"
 
@@ -38,6 +40,15 @@ class CompileStats:
     cudagraph_skips: int = 0  # Inductor's count; the reasons are in its log (TORCH_LOGS=perf_hints)
     compile_seconds: float = 0.0  # Dynamo's timer for each frame's compile, backend included
     fell_back: str | None = None  # why the model runs eagerly, once on_error="eager" fired
+    rewrites: tuple[Applied, ...] = ()  # graph rewrites applied, each place (fullgraph.compile.rewrites)
+    rewrites_skipped: tuple[Skipped, ...] = ()  # places a rewrite matched and left alone, with why
+
+    def rewrite_counts(self) -> dict[str, int]:
+        """Rewrite name -> places it was applied."""
+        out: dict[str, int] = {}
+        for a in self.rewrites:
+            out[a.rewrite] = out.get(a.rewrite, 0) + 1
+        return out
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,0 +1,241 @@
+"""Graph rewrites (issue 33) on small models written as users write them, on the CPU: forced with rewrites=[names]
+(auto applies them on CUDA only), compared with a float64 eager reference."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullgraph
+from fullgraph.compile import rewrites as registry
+from fullgraph.errors import UsageError
+
+BOTH = ["patch_gemm", "gelu_epilogue"]
+
+
+class PatchEmbed(nn.Module):
+    """A ViT's stem as timm writes it: a strided convolution, flattened to tokens."""
+
+    def __init__(self, chans=3, dim=24, patch=4, **conv):
+        super().__init__()
+        self.proj = nn.Conv2d(chans, dim, patch, stride=conv.pop("stride", patch), **conv)
+
+    def forward(self, x):
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim=24, hidden=40, act=None, bias=True):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden, bias=bias), act or nn.GELU(), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Vitish(nn.Module):
+    def __init__(self, act=None):
+        super().__init__()
+        self.embed, self.norm, self.mlp = PatchEmbed(), nn.LayerNorm(24), Mlp(act=act)
+
+    def forward(self, x):
+        x = self.embed(x)
+        return x + self.mlp(self.norm(x))
+
+
+class TanhGelu(nn.Module):
+    def forward(self, x):
+        return F.gelu(x, approximate="tanh")
+
+
+def reference(model, *inputs):
+    with torch.no_grad():
+        return copy.deepcopy(model).double()(*[x.double() for x in inputs])
+
+
+def run(model, x, **kwargs):
+    torch._dynamo.reset()
+    cm = fullgraph.compile(model, "dev", **kwargs)
+    with torch.no_grad():
+        return cm(x), cm
+
+
+def test_a_patch_embedding_and_a_gelu_mlp_become_gemms_and_match_fp64():
+    torch.manual_seed(0)
+    model, x = Vitish().eval(), torch.randn(3, 3, 16, 20)  # a 4x5 grid of patches: odd on purpose
+    out, cm = run(model, x, rewrites=BOTH)
+    ref = reference(model, x)
+    assert (out.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
+    places = {a.rewrite: a for a in cm.stats.rewrites}
+    assert places["patch_gemm"].where == "embed.proj" and places["patch_gemm"].line.startswith("test_rewrites.py:")
+    assert places["gelu_epilogue"].where == "mlp.act" and "GELU (erf)" in places["gelu_epilogue"].detail
+    assert cm.stats.graph_breaks == 0
+
+
+def test_a_dynamic_batch_keeps_the_rewrite_at_other_sizes():
+    torch.manual_seed(1)
+    model = Vitish().eval()
+    torch._dynamo.reset()
+    cm = fullgraph.compile(model, "dev", rewrites=["patch_gemm"], dynamic={"x": {0: (2, 8)}})
+    with torch.no_grad():
+        for batch in (2, 5, 7):
+            x = torch.randn(batch, 3, 16, 16)
+            ref = reference(model, x)
+            assert (cm(x).double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1}
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        {"padding": 1},  # padded: not a patch embedding
+        {"groups": 3},  # grouped
+        {"dilation": 2, "stride": 8},  # dilated
+        {"stride": 2},  # overlapping windows
+    ],
+)
+def test_convolutions_that_almost_match_are_left_alone(conv):
+    torch.manual_seed(2)
+    model = nn.Sequential(PatchEmbed(chans=3, dim=6, patch=4, **conv)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    out, cm = run(model, x, rewrites=["patch_gemm"])
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert cm.stats.rewrites == () and cm.stats.rewrites_skipped == ()
+
+
+def test_symbolic_image_sizes_are_skipped_with_the_reason():
+    model = nn.Sequential(PatchEmbed()).eval()
+    _, cm = run(model, torch.randn(2, 3, 16, 16), rewrites=["patch_gemm"], dynamic=True)
+    assert cm.stats.rewrites == ()
+    assert [s.reason for s in cm.stats.rewrites_skipped] == ["the image's channels or size are symbolic (dynamic)"]
+
+
+def test_an_image_that_is_not_whole_patches_is_skipped_with_the_reason():
+    model = nn.Sequential(PatchEmbed()).eval()
+    _, cm = run(model, torch.randn(2, 3, 18, 16), rewrites=["patch_gemm"])
+    assert cm.stats.rewrites == ()
+    assert [s.reason for s in cm.stats.rewrites_skipped] == ["the image (18x16) is not a whole number of 4x4 patches"]
+
+
+def test_a_tanh_gelu_on_the_cpu_is_not_the_epilogues_gelu_and_is_left_with_the_reason():
+    torch.manual_seed(3)
+    model, x = Vitish(act=TanhGelu()).eval(), torch.randn(2, 3, 16, 16)
+    out, cm = run(model, x, rewrites=["gelu_epilogue"])
+    assert cm.stats.rewrites == ()
+    (skip,) = cm.stats.rewrites_skipped
+    assert (
+        skip.where == "mlp.act" and "the tanh GELU, where the epilogue on cpu computes the exact (erf)" in skip.reason
+    )
+    ref = reference(model, x)
+    assert (out.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+
+
+class SharedHidden(nn.Module):
+    """fc1's output feeds the GELU and a second branch: the GELU cannot take its place."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return F.gelu(h) + h.sum(-1, keepdim=True)
+
+
+def test_a_gelu_whose_linear_output_is_used_elsewhere_or_has_no_bias_is_left_alone():
+    torch.manual_seed(4)
+    x = torch.randn(4, 8)
+    shared = SharedHidden().eval()
+    out, cm = run(shared, x, rewrites=["gelu_epilogue"])
+    assert cm.stats.rewrites == () and cm.stats.rewrites_skipped == ()
+    with torch.no_grad():
+        torch.testing.assert_close(out, shared(x))
+    no_bias = Mlp(dim=8, hidden=16, bias=False).eval()
+    out, cm = run(no_bias, x, rewrites=["gelu_epilogue"])
+    assert cm.stats.rewrites == ()
+    assert [s.reason.split(":")[0] for s in cm.stats.rewrites_skipped] == ["no bias"]
+    with torch.no_grad():
+        torch.testing.assert_close(out, no_bias(x))
+
+
+def test_auto_on_the_cpu_applies_nothing_and_says_why():
+    model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
+    _, cm = run(model, x)
+    assert cm.stats.rewrites == ()
+    assert {s.rewrite for s in cm.stats.rewrites_skipped} == set(BOTH)
+    assert all(s.reason.startswith("auto: not measured on cpu") for s in cm.stats.rewrites_skipped)
+
+
+def test_no_rewrites_is_plain_torch_compile():
+    torch.manual_seed(5)
+    model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
+    out, cm = run(model, x, rewrites=[])
+    assert "pre_grad_custom_pass" not in cm._resolved.options
+    torch._dynamo.reset()
+    with torch.no_grad():
+        plain = torch.compile(model)(x)
+    assert torch.equal(out, plain)
+
+
+def test_bad_arguments_are_one_line_errors_naming_the_fix():
+    with pytest.raises(UsageError, match=r"unknown rewrite 'patch'; the rewrites are patch_gemm, gelu_epilogue"):
+        fullgraph.compile(Vitish(), "dev", rewrites=["patch"])
+    with pytest.raises(UsageError, match=r"rewrites='all': give 'auto', a list of names"):
+        fullgraph.compile(Vitish(), "dev", rewrites="all")
+    with pytest.raises(UsageError, match=r"approximate_gelu='yes': give True or False"):
+        fullgraph.compile(Vitish(), "dev", approximate_gelu="yes")
+
+
+def test_the_pass_identity_covers_the_choice_and_the_rewrites_sources(monkeypatch):
+    rec = registry.Recorder()
+    ident = lambda *names, **kw: registry.make_pass(names, forced=True, recorder=rec, **kw).uuid()  # noqa: E731
+    base = ident("patch_gemm", approximate_gelu=False)
+    assert base == ident("patch_gemm", approximate_gelu=False)
+    assert base != ident("patch_gemm", "gelu_epilogue", approximate_gelu=False)
+    assert ident("gelu_epilogue", approximate_gelu=False) != ident("gelu_epilogue", approximate_gelu=True)
+    patch = registry.load("patch_gemm")
+    monkeypatch.setattr(type(patch), "identity", lambda self: "edited source")
+    assert base != ident("patch_gemm", approximate_gelu=False)
+
+
+def test_a_warm_inductor_cache_still_reports_the_rewrites(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(6)
+    model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
+    from torch._dynamo.utils import counters
+
+    first, cold = run(model, x, rewrites=BOTH)
+    before = dict(counters["inductor"])
+    second, warm = run(model, x, rewrites=BOTH)  # Dynamo reset: traced again, Inductor's graph from its cache
+    moved = {k: v - before.get(k, 0) for k, v in counters["inductor"].items() if v != before.get(k, 0)}
+    assert moved.get("fxgraph_cache_hit", 0) >= 1 and not moved.get("fxgraph_cache_bypass"), moved
+    assert torch.equal(first, second)
+    assert warm.stats.rewrite_counts() == cold.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
+
+
+def test_import_fullgraph_imports_no_rewrite_module():
+    code = "import sys, fullgraph; print(sorted(m for m in sys.modules if m.startswith('fullgraph.rewrite')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_rewrite_that_fails_is_reported_and_the_compile_goes_on(monkeypatch):
+    def broken(self, graph, context):
+        raise RuntimeError("a bug in a rewrite")
+
+    monkeypatch.setattr(type(registry.load("gelu_epilogue")), "apply", broken)
+    torch.manual_seed(7)
+    model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
+    out, cm = run(model, x, rewrites=BOTH)
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1}
+    assert [s.reason for s in cm.stats.rewrites_skipped if s.rewrite == "gelu_epilogue"] == [
+        "failed, graph left as it was: RuntimeError('a bug in a rewrite')"
+    ]
+    ref = reference(model, x)
+    assert (out.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
