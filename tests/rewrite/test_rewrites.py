@@ -239,3 +239,24 @@ def test_a_rewrite_that_fails_is_reported_and_the_compile_goes_on(monkeypatch):
     ]
     ref = reference(model, x)
     assert (out.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+def test_on_cuda_auto_takes_both_where_exact_and_follows_the_tf32_settings(monkeypatch):
+    torch.manual_seed(8)
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    tanh = Vitish(act=TanhGelu()).eval().cuda()
+    ref = reference(tanh, x)
+    out, cm = run(tanh.to(torch.bfloat16), x.to(torch.bfloat16))
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
+    assert (out.double() - ref).norm().item() < 2e-2 * ref.norm().item()
+    erf = Vitish().eval().cuda().to(torch.bfloat16)  # exact GELU: the CUDA epilogue's is tanh, so not without opt-in
+    _, cm = run(erf, x.to(torch.bfloat16))
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1}
+    _, cm = run(erf, x.to(torch.bfloat16), approximate_gelu=True)
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    _, cm = run(Vitish(act=TanhGelu()).eval().cuda(), x)  # fp32, TF32 convolutions, full-fp32 matmuls
+    assert "patch_gemm" not in cm.stats.rewrite_counts()
+    assert any(s.reason.startswith("fp32: convolutions run TF32") for s in cm.stats.rewrites_skipped)
