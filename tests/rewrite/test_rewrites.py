@@ -176,7 +176,7 @@ def test_no_rewrites_is_plain_torch_compile():
     torch.manual_seed(5)
     model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
     out, cm = run(model, x, rewrites=[])
-    assert "pre_grad_custom_pass" not in cm._resolved.options
+    assert cm.resolved.rewrites is None and "pre_grad_custom_pass" not in cm.resolved.compile_kwargs()["options"]
     torch._dynamo.reset()
     with torch.no_grad():
         plain = torch.compile(model)(x)

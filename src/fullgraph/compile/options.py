@@ -82,6 +82,9 @@ class Resolved:
     dynamic: bool | None
     options: dict[str, Any] = field(default_factory=dict)  # Inductor options, the mode's expansion included
     dynamo: dict[str, Any] = field(default_factory=dict)  # Dynamo config applied around this model's calls
+    # Inductor options of the graph-rewrite pass (fullgraph.compile.rewrites), added at compile: not part of the
+    # configuration a preset or a pasted call names, so not compared
+    rewrites: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def replays_cuda_graphs(self) -> bool:
@@ -106,7 +109,7 @@ class Resolved:
         together), so `options` is the single source of what Inductor was told."""
         kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
         if self.backend == "inductor":
-            kwargs["options"] = dict(self.options)
+            kwargs["options"] = {**self.options, **(self.rewrites or {})}
         return kwargs
 
 

@@ -143,16 +143,18 @@ def make_pass(chosen: tuple[str, ...], *, forced: bool, approximate_gelu: bool, 
 
 def with_rewrites(resolved: Resolved, chosen: tuple[str, ...], *, forced: bool, approximate_gelu: bool,
                   recorder: Recorder) -> Resolved:  # fmt: skip
-    """`resolved` with the rewrite pass among its Inductor options; unchanged when none is chosen or the backend is
-    not Inductor (the rewrites are Inductor passes)."""
+    """`resolved` with the rewrite pass's Inductor options (`Resolved.rewrites`, merged into torch.compile's
+    options); unchanged when none is chosen or the backend is not Inductor (the rewrites are Inductor passes)."""
     if not chosen or resolved.backend != "inductor":
         return resolved
     import torch._inductor.config as inductor_config
 
-    options = dict(resolved.options)
-    previous = options.get("pre_grad_custom_pass")
-    options["pre_grad_custom_pass"] = make_pass(chosen, forced=forced, approximate_gelu=approximate_gelu,
-                                                recorder=recorder, previous=previous)  # fmt: skip
+    previous = resolved.options.get("pre_grad_custom_pass")
+    extra: dict[str, Any] = {
+        "pre_grad_custom_pass": make_pass(
+            chosen, forced=forced, approximate_gelu=approximate_gelu, recorder=recorder, previous=previous
+        )
+    }
     if hasattr(inductor_config, "pre_grad_pass_timing"):
-        options["pre_grad_pass_timing"] = "early"  # before the cache lookup: stats from a warm cache too
-    return replace(resolved, options=options)
+        extra["pre_grad_pass_timing"] = "early"  # before the cache lookup: stats from a warm cache too
+    return replace(resolved, rewrites=extra)
