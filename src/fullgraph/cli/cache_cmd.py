@@ -1,4 +1,5 @@
-"""`fullgraph cache warm TARGET --input SPEC --remote URL`: compile a model once to fill the fleet's remote cache;
+"""`fullgraph cache warm TARGET --input SPEC --remote URL`: compile a model once to fill the fleet's remote cache, and
+publish its precompiled code for replicas that start with `fullgraph.deploy.serve` (`--no-publish`: the cache only);
 `fullgraph cache stats --remote URL`: what the cache holds, per torch cache: entries, sizes, fullgraph's hit counts.
 
 The URL (redis:// or rediss://) may hold the password (redis://:PASSWORD@HOST:PORT/DB) or take --password; without
@@ -25,6 +26,8 @@ def add_parser(sub, name: str, help_text: str) -> None:
     _remote_args(warm)
     warm.add_argument("--key", default=None, help="signing key (default FULLGRAPH_REMOTE_CACHE_KEY)")
     warm.add_argument("--preset", default="dev", help="fullgraph.compile preset, as the replicas use (default dev)")
+    warm.add_argument("--no-publish", action="store_true",
+                      help="fill the remote caches only; do not publish the precompiled code")  # fmt: skip
     warm.set_defaults(run=run_warm)
     stats = actions.add_parser("stats", help="entries, sizes and recorded hits per torch cache in Redis")
     _remote_args(stats)
@@ -62,6 +65,26 @@ def run_warm(args) -> int:
     if s["off"]:
         print(f"nothing was written: {s['off']}")
         return 1
+    if not args.no_publish:
+        return _publish(args, model, example, say)
+    return 0
+
+
+def _publish(args, model, example, say) -> int:
+    """The precompiled code for `fullgraph.deploy.serve` (positional inputs only, torch 2.11+)."""
+    from fullgraph.deploy.precompile import unsupported_reason
+    from fullgraph.deploy.published import publish
+
+    why = unsupported_reason() or ("the inputs are keywords; precompiled code takes positional inputs"
+                                   if example.kwargs else None)  # fmt: skip
+    if why:
+        print(f"not published for fullgraph.deploy.serve: {why}")
+        return 0
+    say(f"precompiling for publication ({args.preset})")
+    name, size = publish(model, example.args, args.remote, password=args.password, key=args.key,
+                         preset=args.preset, timeout=args.timeout)  # fmt: skip
+    print(f"published the precompiled code as {name} ({size / 1e6:.2f} MB): replicas start from it with "
+          f"fullgraph.deploy.serve(model, inputs, URL, preset={args.preset!r})")  # fmt: skip
     return 0
 
 

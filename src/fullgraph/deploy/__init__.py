@@ -8,6 +8,8 @@ process (DESIGN.md, Layers: this package imports compile, ops and the floor; not
   child process (a crash there becomes a DeployError), and only then here.
 - `save_precompiled` / `load_precompiled`: Dynamo's ahead-of-time compile of a model's call, saved to a file; a new
   process runs it with no trace and no compile (torch 2.11+).
+- `publish` / `serve` (`fullgraph.deploy.published`): precompiled code published to a fleet's Redis once, and
+  replicas that start from it with their own weights, or compile with the remote cache and say why.
 - `export_regional` / `load_regional` (`fullgraph.deploy.regional`): one package for a repeated block.
 - `compile_tuned`: a model compiled as a `fullgraph tune` result chose, its op policies applied around its calls.
 
@@ -49,6 +51,9 @@ _COMPILING = {
     "PrecompiledModel": "fullgraph.deploy.precompile",
     "load_precompiled": "fullgraph.deploy.precompile",
     "save_precompiled": "fullgraph.deploy.precompile",
+    "Served": "fullgraph.deploy.published",
+    "publish": "fullgraph.deploy.published",
+    "serve": "fullgraph.deploy.published",
     "compile_tuned": "fullgraph.deploy.tuned",
     "read_tuned": "fullgraph.deploy.tuned",
     "FleetCache": "fullgraph.deploy.remote",
@@ -56,7 +61,7 @@ _COMPILING = {
     "remote_cache": "fullgraph.deploy.remote",
 }
 # Submodules reached as attributes (`from fullgraph.deploy import cache`), imported on first use the same way.
-_SUBMODULES = {"build", "cache", "coldstart", "precompile", "regional", "remote", "tuned"}
+_SUBMODULES = {"build", "cache", "coldstart", "precompile", "published", "regional", "remote", "tuned"}
 _LEAN_SUBMODULES = {"package", "_common", "_calls", "_elf"}
 
 __all__ = [
@@ -66,6 +71,7 @@ __all__ = [
     "LoadedPackage",
     "PrecompiledModel",
     "RemoteCacheWarning",
+    "Served",
     "aot_options",
     "cache_dir",
     "compile_tuned",
@@ -76,12 +82,14 @@ __all__ = [
     "load_cache",
     "load_precompiled",
     "probe",
+    "publish",
     "read_cache",
     "read_tuned",
     "remote_cache",
     "save_cache",
     "save_cache_in_child",
     "save_precompiled",
+    "serve",
 ]
 
 
@@ -113,5 +121,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs read; nothing here runs
     from fullgraph.deploy.cache import CacheMeta, load_cache, read_cache, save_cache, save_cache_in_child
     from fullgraph.deploy.package import LoadedPackage, inspect_package, load, probe
     from fullgraph.deploy.precompile import PrecompiledModel, load_precompiled, save_precompiled
+    from fullgraph.deploy.published import Served, publish, serve
     from fullgraph.deploy.remote import FleetCache, RemoteCacheWarning, remote_cache
     from fullgraph.deploy.tuned import compile_tuned, read_tuned

@@ -139,6 +139,13 @@ def read_framed(path: str | os.PathLike, *, what: str, kind: str, magic: bytes, 
     shown = display_path(path)
     with open_trusted(path, what) as f:
         data = f.read()
+    return parse_framed(data, shown, kind=kind, magic=magic, fmt=fmt, meta_cls=meta_cls, fix=fix, make=make,
+                        contents=contents)  # fmt: skip
+
+
+def parse_framed(data: bytes, shown: str, *, kind: str, magic: bytes, fmt: int, meta_cls: type[Meta], fix: str,
+                 make: str, contents: str) -> tuple[Meta, bytes]:  # fmt: skip
+    """`read_framed`'s checks on bytes already read (from a file, or from a fleet's Redis: `shown` names where)."""
     if not data.startswith(magic):
         raise DeployError(f"{shown} is not a fullgraph {kind} file (no {magic.strip().decode()} header); "
                           f"make one with {make}")  # fmt: skip

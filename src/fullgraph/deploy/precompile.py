@@ -65,6 +65,7 @@ from fullgraph.deploy._common import (
     environment,
     input_signature,
     mismatches,
+    parse_framed,
     read_framed,
     write_private,
 )
@@ -351,10 +352,32 @@ def load_precompiled(
     """
     _require_api()
     path = os.fspath(path)
-    shown = display_path(path)
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"load_precompiled takes the nn.Module to run, not {type(model).__name__}")
     meta, payload = read_precompiled(path)
+    return _load(os.path.abspath(path), meta, payload, model, signature)
+
+
+def precompiled_bytes(path: str | os.PathLike) -> bytes:
+    """A precompiled file's bytes, whole (header and payload), after the same checks as `load_precompiled`'s:
+    what `fullgraph.deploy.published` sends to a fleet's Redis."""
+    read_precompiled(path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def load_precompiled_bytes(data: bytes, model: torch.nn.Module, *, name: str, signature: str | None = None):
+    """`load_precompiled` on a file's bytes held in memory (fetched from a fleet's Redis); `name` says where from
+    in messages. The same header checks; the bytes' origin is the caller's to vouch for (a signature)."""
+    _require_api()
+    meta, payload = parse_framed(data, name, kind="precompiled", magic=MAGIC, fmt=FORMAT, meta_cls=PrecompiledMeta,
+                                 fix=_FIX, make="fullgraph.deploy.save_precompiled",
+                                 contents="compiled code")  # fmt: skip
+    return _load(name, meta, payload, model, signature)
+
+
+def _load(path: str, meta: PrecompiledMeta, payload: bytes, model: torch.nn.Module, signature: str | None):
+    shown = display_path(path)
     wrong = mismatches(asdict(meta), _here(), ENVIRONMENT_KEYS)
     if meta.model != _class_name(model):
         wrong.append(f"model {meta.model} there, {_class_name(model)} here")
@@ -367,4 +390,4 @@ def load_precompiled(
         compiled = torch.compiler.load_compiled_function(io.BytesIO(payload))
     except Exception as e:  # torch's unpickler and compatibility checks raise what they meet
         raise DeployError(f"torch could not load the precompiled model {shown}: {first_line(e)}; {_FIX}") from e
-    return PrecompiledModel(os.path.abspath(path), meta, model, compiled, trees=trees)
+    return PrecompiledModel(path, meta, model, compiled, trees=trees)
