@@ -242,3 +242,41 @@ def test_a_preset_row_is_built_through_its_preset_and_its_call_pasted_reproduces
     assert cfg.recommend(tie).config == "compile reduce-overhead bf16"
     built = cfg.build(torch.nn.Linear(4, 4), "fusion", torch.float32)
     assert isinstance(built, CompiledModel) and built.resolved == fullgraph.compile.resolve("fusion")
+
+
+# ---- graph rewrites (issue 33): a row whose compile applied rewrites, and its twin without them ---------------------
+
+
+def rewrite_pair(with_ms, without_ms):
+    applied = row("compile default bf16", with_ms, 1e-2, 4e-2, "default", "bf16")
+    applied = dataclasses.replace(applied, rewrites={"patch_gemm": 1}, round_ms=[with_ms] * 5)
+    plain = row("compile default bf16 rewrites=off", without_ms, 1e-2, 4e-2, "default", "bf16")
+    plain = dataclasses.replace(plain, rewrites_off=True, round_ms=[without_ms] * 5)
+    return [row("eager fp32", 10.0, mode="eager"), applied, plain]
+
+
+def test_rewrites_are_recommended_only_where_they_win_beyond_noise():
+    import fullgraph
+    from fullgraph.compile.choice import read_choice
+
+    rec = cfg.recommend(rewrite_pair(with_ms=1.5, without_ms=2.0))
+    assert rec.config == "compile default bf16"
+    assert rec.code.startswith('model = fullgraph.compile(model, mode="default", dtype=torch.bfloat16)')
+    tie = cfg.recommend(rewrite_pair(with_ms=1.99, without_ms=2.0))  # within 3%: the graph plain compile builds
+    assert tie.config == "compile default bf16 rewrites=off" and tie.tie == ["compile default bf16"]
+    assert tie.code.startswith('model = fullgraph.compile(model, mode="default", rewrites=[], dtype=torch.bfloat16)')
+    picked = read_choice(tie)
+    assert picked.mode == "default" and picked.rewrites_off and picked.dtype == torch.bfloat16
+    cm = fullgraph.compile(torch.nn.Linear(4, 4), "auto", choice=tie)
+    assert cm.resolved.rewrites is None  # preset="auto" reproduces the row: no rewrite pass
+    cm = fullgraph.compile(torch.nn.Linear(4, 4), "auto", choice=rec)
+    assert cm.resolved.rewrites is not None
+
+
+def test_a_twin_without_rewrites_is_made_only_for_rows_that_applied_some():
+    applied = cfg.Candidate("default", torch.bfloat16, rewrites={"gelu_epilogue": 12})
+    none = cfg.Candidate("reduce-overhead", torch.bfloat16)
+    failed = cfg.Candidate("max-autotune", torch.bfloat16, rewrites={"patch_gemm": 1}, error="boom")
+    (twin,) = cfg.plain_twins([applied, none, failed])
+    assert twin.rewrites_off and twin.mode == "default" and twin.name == "compile default bf16 rewrites=off"
+    assert cfg.plain_twins([twin]) == []

@@ -17,6 +17,7 @@ from fullgraph.compile.tuned import as_tune_result
 from fullgraph.errors import UsageError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+REWRITES_OFF = "rewrites=off"  # a row's last word when it ran with rewrites=[] (the doctor's twin of a rewrite row)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Choice:
     mode: str | None = None
     dtype: torch.dtype | None = None
     eager: bool = False
+    rewrites_off: bool = False  # the row ran without graph rewrites ("... rewrites=off")
 
 
 def _no_choice(why: str) -> UsageError:
@@ -47,6 +49,8 @@ def read_choice(choice: Any) -> Choice:
     if not isinstance(config, str):
         raise _no_choice(f"cannot read a configuration from {type(choice).__name__}")
     words = config.split()
+    off = bool(words) and words[-1] == REWRITES_OFF
+    words = words[:-1] if off else words
     dtype = DTYPES.get(words[-1]) if words else None
     if dtype is None:
         raise _no_choice(f"cannot read {config!r}: expected 'eager <dtype>' or 'compile <mode> <dtype>' "
@@ -55,7 +59,7 @@ def read_choice(choice: Any) -> Choice:
         return Choice(config, dtype=dtype, eager=True)
     if len(words) == 3 and words[0] == "compile":
         if words[1] in MODES:
-            return Choice(config, mode=words[1], dtype=dtype)
+            return Choice(config, mode=words[1], dtype=dtype, rewrites_off=off)
         if words[1] in PRESETS:
-            return Choice(config, preset=words[1], dtype=dtype)
+            return Choice(config, preset=words[1], dtype=dtype, rewrites_off=off)
     raise _no_choice(f"cannot read {config!r}: expected 'eager <dtype>' or 'compile <mode or preset> <dtype>'")

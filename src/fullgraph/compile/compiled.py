@@ -486,12 +486,14 @@ def compile(
                 raise UsageError(f"{name}={given!r} contradicts the choice {picked.config!r}; drop one of them")
         preset, mode, dtype = picked.preset, mode or picked.mode, dtype or picked.dtype
         eager, label = picked.eager, f"auto: {picked.config}"
+        if picked.rewrites_off and isinstance(rewrites, str) and rewrites == "auto":
+            rewrites = []  # the row measured without rewrites
     if not isinstance(approximate_gelu, bool):
         raise UsageError(f"approximate_gelu={approximate_gelu!r}: give True or False")
-    forced = check_rewrites(rewrites)
     dynamo = {"recompile_limit": recompile_limit} if recompile_limit is not None else None
     resolved = resolve(preset, mode=mode, backend=backend, options=options, dynamo=dynamo, dynamic=dynamic,
                        fullgraph=fullgraph)  # fmt: skip
+    forced = check_rewrites(rewrites)
     recorder = Recorder()
     chosen = get_preset(preset).rewrites if forced is None else forced
     resolved = with_rewrites(resolved, chosen, forced=forced is not None, approximate_gelu=approximate_gelu,

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from fullgraph import env
+from fullgraph.compile.choice import REWRITES_OFF
+from fullgraph.compile.compiled import CompiledModel
 from fullgraph.compile.compiled import compile as fullgraph_compile
 from fullgraph.compile.presets import PRESETS
 from fullgraph.compile.tuned import ops_text
@@ -101,6 +103,8 @@ class Candidate:
     mode: str
     dtype: torch.dtype
     ops: tuple[tuple[str, str], ...] = ()  # op policies this row runs under (fullgraph.ops.policy); () = defaults
+    rewrites_off: bool = False  # compiled with rewrites=[] (the twin of a row whose compile applied rewrites)
+    rewrites: dict[str, int] = field(default_factory=dict)  # what fullgraph.compile's rewrites applied
     fn: Callable[[], Any] | None = None
     compile_s: float | None = None
     peak: int | None = None
@@ -112,7 +116,8 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return config_name(self.mode, self.dtype) + (f" ops={ops_text(dict(self.ops))}" if self.ops else "")
+        ops = f" ops={ops_text(dict(self.ops))}" if self.ops else ""
+        return config_name(self.mode, self.dtype) + ops + (f" {REWRITES_OFF}" if self.rewrites_off else "")
 
     def policies(self) -> contextlib.AbstractContextManager:
         """The op policies of this row, entered around every call of it: compiled code guards on them."""
@@ -136,17 +141,18 @@ class Candidate:
         tol = TOLERANCE.get(self.dtype, 1e-3)
         if self.error is not None or not self.samples:
             return ConfigResult(self.name, self.mode, short_dtype(self.dtype), tolerance=tol, error=self.error,
-                                ops=dict(self.ops))  # fmt: skip
+                                ops=dict(self.ops), rewrites_off=self.rewrites_off)  # fmt: skip
         return ConfigResult(
             self.name, self.mode, short_dtype(self.dtype), statistics.median(self.samples), self.p(0.2), self.p(0.8),
             compile_s=None if self.mode == "eager" else self.compile_s, peak_memory_bytes=self.peak,
             rel_err=self.err, tolerance=tol, rounds=len(self.round_medians), spread=self.spread(), noisy=noisy,
             round_ms=list(self.round_medians), ops=dict(self.ops), matched=self.matched,
+            rewrites=dict(self.rewrites), rewrites_off=self.rewrites_off,
             matched_min=None if self.matched is None else MATCHED_MIN.get(self.dtype, 0.95),
         )  # fmt: skip
 
 
-def build(model: Callable, mode: str, dtype: torch.dtype) -> Callable:
+def build(model: Callable, mode: str, dtype: torch.dtype, rewrites_off: bool = False) -> Callable:
     """The model in `dtype` (a copy: the user's model is never changed) and compiled with `mode` unless eager,
     through `fullgraph.compile` (validated options, scoped config), as the recommendation's code will be.
 
@@ -157,16 +163,18 @@ def build(model: Callable, mode: str, dtype: torch.dtype) -> Callable:
     m = copy.deepcopy(model).to(dtype).eval()
     if mode == "eager":
         return m
-    return fullgraph_compile(m, mode) if mode in PRESETS else fullgraph_compile(m, mode=mode)
+    off = {"rewrites": []} if rewrites_off else {}
+    return fullgraph_compile(m, mode, **off) if mode in PRESETS else fullgraph_compile(m, mode=mode, **off)
 
 
 def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: torch.device) -> None:
     """Compile (the first call, timed), check numerics and peak memory; failures are recorded, not raised."""
     try:
-        fn = build(model, c.mode, c.dtype)
+        fn = build(model, c.mode, c.dtype, c.rewrites_off)
         x = example.cast(c.dtype)
         with torch.no_grad(), c.policies():
             c.compile_s, _ = first_call(lambda: x.call(fn), device)
+            c.rewrites = fn.stats.rewrite_counts() if isinstance(fn, CompiledModel) else {}
             out = x.call(fn)
             c.err = rel_err(out, ref)
             # A list of detections is judged by matched detections: a reorder of near-tied scores is not an error.
@@ -182,6 +190,13 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
         c.error = env.first_line(e, 300)
         if c.mode in PRESETS and PRESETS[c.mode].fullgraph and isinstance(e, torch._dynamo.exc.Unsupported):
             c.error = f"{c.mode} compiles one graph (fullgraph=True), and this model breaks: {c.error}"
+
+
+def plain_twins(cands: Sequence[Candidate]) -> list[Candidate]:
+    """For each compiled row whose compile applied graph rewrites, the same row with rewrites=[]: plain
+    torch.compile's graph in the same mode, timed beside it, so the report shows what the rewrites bought."""
+    return [Candidate(c.mode, c.dtype, c.ops, rewrites_off=True) for c in cands
+            if c.rewrites and c.error is None and not c.rewrites_off]  # fmt: skip
 
 
 def time_rounds(cands: Sequence[Candidate], device: torch.device, reps: int, rounds: int = ROUNDS) -> None:
@@ -232,8 +247,9 @@ def _lead_within_noise(fast: ConfigResult, slow: ConfigResult) -> bool:
 
 def simplicity(c: ConfigResult) -> tuple:
     """Sort key, simplest first: the mode (eager < default < reduce-overhead < max-autotune, a preset just after its
-    mode), then the dtype (fp32 first), then the op policies (the defaults before any override)."""
-    return SIMPLICITY.get(c.mode, 9), DTYPE_SIMPLICITY.get(c.dtype, 9), len(c.ops)
+    mode), then the dtype (fp32 first), then the op policies (the defaults before any override), then graph rewrites
+    (a row without them before its twin with them: rewrites are recommended only where they win beyond noise)."""
+    return SIMPLICITY.get(c.mode, 9), DTYPE_SIMPLICITY.get(c.dtype, 9), len(c.ops), bool(c.rewrites)
 
 
 def recommend(configs: Sequence[ConfigResult], breaks: str = "", module: bool = True) -> Recommendation | None:
@@ -272,7 +288,8 @@ def _code(pick: ConfigResult, breaks: str, module: bool = True, compiled: Sequen
     if pick.mode != "eager" and module:
         cast = "" if pick.dtype == "fp32" else f", dtype={dtype}"
         how = f'"{pick.mode}"' if pick.mode in PRESETS else f'mode="{pick.mode}"'
-        return f"model = fullgraph.compile(model, {how}{cast})\ny = model(*args, **kwargs)"
+        off = ", rewrites=[]" if pick.rewrites_off else ""
+        return f"model = fullgraph.compile(model, {how}{off}{cast})\ny = model(*args, **kwargs)"
     cast = "" if pick.dtype == "fp32" else f"model = model.to({dtype})  # and cast floating inputs to {dtype}\n"
     if pick.mode != "eager":
         call = f'model = torch.compile(model, mode="{mode_of(pick.mode)}")\n'

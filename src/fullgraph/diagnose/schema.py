@@ -102,6 +102,8 @@ class ConfigResult:
     noisy: bool = False  # p80/p20 or round-to-round spread too wide even after re-measuring
     round_ms: list[float] = field(default_factory=list)  # median per interleaved round, in round order
     ops: dict[str, str] = field(default_factory=dict)  # op policies the row ran under; {} = every op's default
+    rewrites: dict[str, int] = field(default_factory=dict)  # graph rewrites fullgraph.compile applied: name -> places
+    rewrites_off: bool = False  # built with rewrites=[]: plain torch.compile's graph (the twin of a rewrite row)
     # Detection-list outputs (diagnose.detections): the fraction of detections matched against eager fp32, and the
     # fraction the row must reach; None for other outputs, judged by rel_err alone.
     matched: float | None = None
