@@ -2,7 +2,7 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -142,6 +142,12 @@ for step in $steps; do
         done
       done
       echo "load: ${#failed[@]} failed run(s)"; for f in "${failed[@]}"; do echo "  FAILED $f"; done
+      ;;
+    zoo)  # issue 33: timm, transformers and torchvision models, eager / plain torch.compile / plain again /
+      # fullgraph.compile with its rewrites, two batches each, both modes (docs/zoo.md). One device call runs at most
+      # 10 minutes: ZOO_ARGS picks a part (ZOO_ARGS="--models timm"), and `bench zoo --from-csv A,B` reads parts together.
+      $py -m fullgraph bench zoo --reps 30 --csv "$OUT/zoo_h200.csv" ${ZOO_ARGS:-} 2>&1 | tee -a "$OUT/zoo_h200.txt" \
+        | grep -v '^\[' | tail -40
       ;;
     grad-mode)
       $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"

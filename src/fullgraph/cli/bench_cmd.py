@@ -210,6 +210,44 @@ SUITES = {
             ("--timeout", {"type": float, "help": "seconds one process may take (default 900)"}),
         ],
     ),
+    "zoo": (
+        "fullgraph.bench.suites.zoo",
+        "timm, transformers and torchvision models: eager, plain torch.compile (twice: the noise) and "
+        "fullgraph.compile with its rewrites, per model, batch and mode",
+        [
+            (
+                "--models",
+                {
+                    "help": "comma-separated model or library names, e.g. timm,transformers/BertModel "
+                    "(default: all 14; with --small, the stand-ins)"
+                },
+            ),
+            (
+                "--batches",
+                {
+                    "help": "batch sizes for every model, e.g. 4,64, or per model or library, e.g. "
+                    "'timm/resnet50=1,32;transformers=2,16' (default: each model's two)"
+                },
+            ),
+            (
+                "--modes",
+                {"help": "compile modes, e.g. default (default: default,reduce-overhead on GPU; default on CPU)"},
+            ),
+            ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
+            ("--preset", {"default": "dev", "help": "fullgraph.compile preset, its mode set per point (default dev)"}),
+            ("--rewrites", {"default": "auto", "help": "auto (default), none, or rewrite names, e.g. patch_gemm"}),
+            ("--approximate-gelu", {"action": "store_true", "help": "let an exact GELU become the tanh form"}),
+            ("--small", {"action": "store_true", "help": "tiny stand-in models (a CPU run in seconds)"}),
+            (
+                "--from-csv",
+                {
+                    "metavar": "FILE,...",
+                    "help": "measure nothing: the table and summary of the zoo rows in these CSVs (the parts of one "
+                    "run, one per device call)",
+                },
+            ),
+        ],
+    ),
     "all": (
         "fullgraph.bench.suites.all_suites",
         "vit, nms, robot and dit one after another, each with its defaults, each table printed as it finishes",
