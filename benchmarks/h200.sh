@@ -54,7 +54,7 @@ for step in $steps; do
         --html "$OUT/vit256_doctor.html" --json "$OUT/vit256_doctor.json" 2>&1 | tee "$OUT/vit256_doctor.txt" | tail -60
       ;;
     breakdown)
-      $py benchmarks/breakdown_check.py 2>&1 | tee "$OUT/breakdown_check.txt" | tail -30
+      $py benchmarks/probes/breakdown_check.py 2>&1 | tee "$OUT/breakdown_check.txt" | tail -30
       ;;
     doctor-models)
       $py benchmarks/doctor_models.py 2>&1 | tee "$OUT/doctor_models.txt" | tail -40
@@ -94,16 +94,16 @@ for step in $steps; do
       $py -m fullgraph bench robot --csv "$OUT/robot_h200.csv" ${ROBOT_ARGS:-} 2>&1 | tee "$OUT/robot_h200.txt" | tail -20
       ;;
     regional-aot)  # issue 15: one block's package loaded per layer against the whole model's, fresh processes
-      $py benchmarks/regional_aot.py --device cuda ${REGIONAL_AOT_ARGS:-} --csv "$OUT/regional_aot_h200.csv" 2>&1 | tee "$OUT/regional_aot.txt" | tail -8
+      $py benchmarks/probes/regional_aot.py --device cuda ${REGIONAL_AOT_ARGS:-} --csv "$OUT/regional_aot_h200.csv" 2>&1 | tee "$OUT/regional_aot.txt" | tail -8
       ;;
     dit-eager)  # issue 13: eager DiT, ours against the plain twin: aten ops, kernels, host time, latency per forward
-      $py benchmarks/dit_eager.py --device cuda ${DIT_EAGER_ARGS:-} 2>&1 | tee "$OUT/dit_eager_h200.txt" | tail -40
+      $py benchmarks/probes/dit_eager.py --device cuda ${DIT_EAGER_ARGS:-} 2>&1 | tee "$OUT/dit_eager_h200.txt" | tail -40
       ;;
     aoti-crash)  # issue 15: why an AOTInductor package segfaults when loaded in a fresh process on this image
-      $py benchmarks/aoti_crash.py --out "$OUT/aoti_crash" --device cuda ${AOTI_CRASH_ARGS:-} 2>&1 | tee "$OUT/aoti_crash.txt" | tail -40
+      $py benchmarks/probes/aoti_crash.py --out "$OUT/aoti_crash" --device cuda ${AOTI_CRASH_ARGS:-} 2>&1 | tee "$OUT/aoti_crash.txt" | tail -40
       ;;
     vit-gemm)  # issue 14: the block's GEMMs alone, each way of feeding the residual stream, and attention per backend
-      $py benchmarks/vit_gemm_probe.py ${VIT_GEMM_ARGS:-} --csv "$OUT/vit_gemm_probe_h200.csv" 2>&1 | tee "$OUT/vit_gemm_probe.txt" | tail -40
+      $py benchmarks/probes/vit_gemm_probe.py ${VIT_GEMM_ARGS:-} --csv "$OUT/vit_gemm_probe_h200.csv" 2>&1 | tee "$OUT/vit_gemm_probe.txt" | tail -40
       ;;
     vit-tma)  # issue 14: timm and ours at b256 default and b4 reduce-overhead; autotuned with persistent TMA; ours under pinned op policies
       $py benchmarks/vit_probe.py --tma --policies ${VIT_TMA_ARGS:-} --csv "$OUT/vit_tma_h200.csv" 2>&1 | tee "$OUT/vit_tma.txt" | tail -20
@@ -150,7 +150,7 @@ for step in $steps; do
         | grep -v '^\[' | tail -40
       ;;
     grad-mode)
-      $py benchmarks/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"
+      $py benchmarks/probes/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

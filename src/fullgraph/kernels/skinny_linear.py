@@ -19,9 +19,9 @@ from fullgraph.kernels._library import kernel_op, launch, require_triton
 MAX_ROWS = 8  # rows of x the kernel takes; more rows make a GEMM, cuBLAS's job
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) per padded row count; the partial sums hold M_BLOCK x BLOCK_N x BLOCK_K
-# floats. One row: the fastest of a sweep on the H200 at [1, 3072] x [3072, 18432] bf16 (benchmarks/gemv_probe.py,
-# benchmarks/results/gemv_probe_h200.txt: 36.3 us, 3.12 TB/s, against 16 x 512's slower entry); more rows keep the
-# same tile (2) or narrow it (4, 8), not measured.
+# floats. One row: the fastest of a sweep on the H200 at [1, 3072] x [3072, 18432] bf16
+# (benchmarks/probes/gemv_probe.py, benchmarks/results/gemv_probe_h200.txt: 36.3 us, 3.12 TB/s, against 16 x 512's
+# slower entry); more rows keep the same tile (2) or narrow it (4, 8), not measured.
 CONFIGS = {1: (8, 128, 8, 3), 2: (8, 128, 8, 3), 4: (4, 128, 8, 3), 8: (4, 128, 8, 3)}
 
 

@@ -7,7 +7,7 @@ one sync outside the clock), and latency (CUDA events around forward + sync: the
 GPU, the kernels that take the most time in either form, side by side (torch.profiler). Then the top host-time
 functions of ours (cProfile) so the next change aims at the biggest.
 
-Run: PYTHONPATH=src python benchmarks/dit_eager.py [--device cuda] [--tokens 1024,4096] [--config dit_3072]
+Run: PYTHONPATH=src python benchmarks/probes/dit_eager.py [--device cuda] [--tokens 1024,4096] [--config dit_3072]
   [--depth 4]. CPU defaults: dit_s, depth 2, 64 tokens, fp32.
 """
 

@@ -1,17 +1,19 @@
 """ViT-B/16 batch 1 on the GPU: eager fp32 and compile default bf16, timed with autograd on and under no_grad.
 
 The doctor times under no_grad (inference); this checks whether DESIGN.md's anchors (eager fp32 4.30 ms,
-compile default bf16 3.66 ms) were taken with autograd enabled. Run: PYTHONPATH=src python3 benchmarks/vit_grad_mode.py
+compile default bf16 3.66 ms) were taken with autograd enabled.
+Run: PYTHONPATH=src python3 benchmarks/probes/vit_grad_mode.py
 """
 
 import functools
 import sys
+from pathlib import Path
 
 import torch
 
 from fullgraph.bench import measure
 
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, where targets/ lives
 from targets.vit import vit_b16
 
 

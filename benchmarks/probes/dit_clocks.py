@@ -20,9 +20,9 @@ Variants:
 Under the power cap (~690 W on the H200) time per call is energy per call over the cap, so the ratio of energies
 says what removing work gives on the wall clock, not the ratio of kernel times.
 
-Usage (GPU): PYTHONPATH=src python3 benchmarks/dit_clocks.py [--tokens 4096] [--variants plain,auto,skeleton]
+Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_clocks.py [--tokens 4096] [--variants plain,auto,skeleton]
              [--phases 9] [--seconds 1.5]
-CPU check of the skeleton's numerics only: python3 benchmarks/dit_clocks.py --small
+CPU check of the skeleton's numerics only: python3 benchmarks/probes/dit_clocks.py --small
 """
 
 from __future__ import annotations
@@ -34,13 +34,16 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from dit_kernels import twins  # benchmarks/, this script's folder
 from torch import nn
 
 from fullgraph.bench.suites import policy_context
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, where dit_kernels.py lives
+from dit_kernels import twins
 
 
 class Skeleton(nn.Module):

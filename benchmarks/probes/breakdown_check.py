@@ -4,7 +4,7 @@ timm ViT-B/16 (random weights), bf16, batch 256, eager and compiled (default mod
 `profile_breakdown` against the GPU time per call measured with CUDA events apart from the profiler (the bar: within
 5%), the classes and the flags; a control, 8 x nn.Linear(4096, 4096) at batch 8192 bf16, which must get no flags;
 and ViT-B/16 at batch 1, launch-bound in eager, not flagged so once compiled with CUDA graphs (reduce-overhead).
-Run: PYTHONPATH=src python3 benchmarks/breakdown_check.py   (writes breakdown_check.json / .csv under $OUT if set)
+Run: PYTHONPATH=src python3 benchmarks/probes/breakdown_check.py  (writes breakdown_check.json / .csv under $OUT if set)
 """
 
 import csv

@@ -3,8 +3,9 @@ AOTInductor package against one block's package loaded per layer (`fullgraph.dep
 in a fresh process with an empty Inductor cache, so neither reuses the other's kernels.
 
 Model: our ViT (`fullgraph.models.vit`), or timm's ViT-B/16 with --model timm (the blocks are timm's `Block`).
-Run: PYTHONPATH=src python benchmarks/regional_aot.py [--device cuda] [--config vit_b16] [--batch 4] [--dtype bf16]
-  [--model ours|timm] [--csv FILE]. CPU smoke: --config vit_tiny --depth 12 --img 32 (the defaults on the CPU).
+Run: PYTHONPATH=src python benchmarks/probes/regional_aot.py [--device cuda] [--config vit_b16] [--batch 4]
+  [--dtype bf16] [--model ours|timm] [--csv FILE].
+  CPU smoke: --config vit_tiny --depth 12 --img 32 (the defaults on the CPU).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def main() -> int:
         build, steady = w["build_s"] / g["build_s"], w["median_ms"] / g["median_ms"]
         print(f"build {build:.2f}x faster regional; steady {steady:.3f}x (whole / regional latency)")
     if args.csv:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
         from fullgraph.bench.results import append_csv, make_rows
 
         out = []

@@ -14,7 +14,7 @@ Variants (same weights, torch.compile(fullgraph=True), default mode unless eager
   eager-fused      eager-auto with the two fused kernels pinned ("fused" uncompiled)
   eager-fused-lg   eager-fused with linear_gelu's kernel form (cuBLASLt's GELU epilogue) pinned too
 
-Usage (GPU): PYTHONPATH=src python3 benchmarks/dit_host_probe.py [--tokens 1024] [--variants plain,auto,...]
+Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_host_probe.py [--tokens 1024] [--variants plain,auto,...]
              [--profile fused,eager-auto] [--code out/code]
 With TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 (a fresh process and TORCHINDUCTOR_CACHE_DIR: Inductor
 keeps a kernel's launcher with its loaded module) our kernels launch through Inductor's static launcher, as its own
@@ -33,11 +33,13 @@ import sys
 import time
 
 import torch
-from dit_kernels import twins  # benchmarks/, this script's folder
 
 from fullgraph import ops
 from fullgraph.bench import breakdown as bd
 from fullgraph.timing import round_medians
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/, where dit_kernels.py lives
+from dit_kernels import twins
 
 FUSED = {"qk_norm_rope": "kernel", "layer_norm_modulate": "kernel"}
 VARIANTS = {  # name -> (plain model?, policy, compiled?)

@@ -11,8 +11,8 @@ The kernel: one program per (BLOCK_M rows, one head's D = 128 columns) of the [t
 q or k tile holds whole heads: bias, RMSNorm over D, the norm weight and the rotate-half RoPE are applied to the
 float32 accumulator, and q, k, v are stored as three contiguous [tokens, heads, D] tensors (attention's layout).
 
-Usage (GPU):  PYTHONPATH=src python3 benchmarks/qkv_epilogue_probe.py [--tokens 4096]
-CPU numerics: TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/qkv_epilogue_probe.py --check
+Usage (GPU):  PYTHONPATH=src python3 benchmarks/probes/qkv_epilogue_probe.py [--tokens 4096]
+CPU numerics: TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/probes/qkv_epilogue_probe.py --check
 """
 
 from __future__ import annotations

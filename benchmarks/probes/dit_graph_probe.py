@@ -7,7 +7,8 @@ launches and which host work make the difference: the output code of each varian
 gives, per variant, the host time of a call (launches only: the GPU is idle when it starts), its GPU time (CUDA
 events), the kernels launched (Triton, extern, and fullgraph's own), and the CPU ops that take the host time.
 
-Run: PYTHONPATH=src python benchmarks/dit_graph_probe.py [--tokens 1024] [--policies 'all=auto;all=auto,+qk_norm_rope']
+Run: PYTHONPATH=src python benchmarks/probes/dit_graph_probe.py [--tokens 1024]
+  [--policies 'all=auto;all=auto,+qk_norm_rope']
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ back-to-back calls (the graph's own launch, several µs, spread over them; the 2
 so its small-batch times include that launch), side by side in interleaved rounds; then attention at the block's
 shape per SDPA backend and ours. Needs a GPU.
 
-Run: PYTHONPATH=src python3 benchmarks/vit_gemm_probe.py [--batches 256,4] [--inner 10] [--csv F]
+Run: PYTHONPATH=src python3 benchmarks/probes/vit_gemm_probe.py [--batches 256,4] [--inner 10] [--csv F]
 """
 
 from __future__ import annotations

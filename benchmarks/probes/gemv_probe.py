@@ -7,7 +7,7 @@ Weights rotate over enough copies to exceed the L2 cache. (Its H200 run, benchma
 timed a standalone copy of the same one-row kernel, written before the op; `kernels/skinny_linear.py` took its
 best tile.)
 
-Usage (GPU): PYTHONPATH=src python3 benchmarks/gemv_probe.py [--shapes 3072x18432,3072x6144] [--reps 50]
+Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/gemv_probe.py [--shapes 3072x18432,3072x6144] [--reps 50]
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Precompiles a model once (fullgraph.deploy.coldstart's save-precompiled, in a ch
 fresh process under cProfile, with an empty Inductor cache folder as in `fullgraph bench coldstart`, and prints
 the child's timings and the functions that took the load and the first call, by cumulative and by own time.
 
-Run: PYTHONPATH=src python benchmarks/precompile_profile.py --work DIR [--device cuda] [--kwargs JSON] [--batch 4]
+Run: PYTHONPATH=src python benchmarks/probes/precompile_profile.py --work DIR [--device cuda] [--kwargs JSON]
+  [--batch 4]
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ DIR/ld_debug_tail.txt; packages and caches go to a temporary folder (--work-dir 
 to --budget seconds: what would start past it is listed as skipped.
 On a CPU (--device cpu) every experiment is expected to pass: that is the control.
 
-Run: PYTHONPATH=src python benchmarks/aoti_crash.py --out DIR [--device cuda] [--budget 420] [--only a,e] [--selftest]
+Run: PYTHONPATH=src python benchmarks/probes/aoti_crash.py --out DIR [--device cuda] [--budget 420] [--only a,e]
+  [--selftest]
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from pathlib import Path
 
 from fullgraph.deploy import _elf
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # benchmarks/probes/ -> the repository
 MODEL_DIMS = (64, 256, 256, 10)
 BATCH = 8
 VARIANTS = {  # name -> Inductor configs; a config the installed torch lacks is skipped with a note

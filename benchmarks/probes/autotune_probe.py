@@ -8,7 +8,7 @@ were precompiled (and in how many seconds in all), how many failed, and the work
 the mode alone, the edge preset's options (freezing, cpp_wrapper) one at a time and together, fp32 and bf16, and
 the edge row as `fullgraph tune` builds it (fullgraph.compile inside fullgraph's output capture).
 
-Run: PYTHONPATH=src python benchmarks/autotune_probe.py [--variants a,b] [--timeout 200]
+Run: PYTHONPATH=src python benchmarks/probes/autotune_probe.py [--variants a,b] [--timeout 200]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Per variant: the time per call back to back between CUDA events (what `bench vit
 after each call, the host time of a call alone (the enqueue, no sync), and a cProfile of --profile-calls calls of
 the preset (top functions by own time). (Its run of 2026-12-03 also had the preset without the
 input staging it had then: benchmarks/results/host_probe_staging_h200.txt; the staging went.)
-Usage (GPU): PYTHONPATH=src python3 benchmarks/host_probe.py [--batch 4] [--calls 300]
+Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/host_probe.py [--batch 4] [--calls 300]
 """
 
 from __future__ import annotations
