@@ -14,8 +14,9 @@ over the key, the header and the bytes, with the fleet's signing key), then chec
 checks a file (its own header, the checksum, the class, the inputs).
 
 `serve` falls back to `fullgraph.compile(model, preset)` with the fleet's remote cache on (`remote_cache`), saying
-why once (a `PublishedWarning`): no entry, a refused entry (signature, versions, GPU), Redis down, or a guard that
-fails at the first call (the code was made for other inputs). The fallback's first call compiles, reading what
+why once (a `PublishedWarning`): no entry, a refused entry (signature, versions, GPU), or a guard that fails at the
+first call (the code was made for other inputs). Redis down or slow costs one timeout: the fallback then compiles
+without the remote cache. The fallback's first call compiles, reading what
 the remote FX-graph and AOTAutograd caches hold. Where the preset replays CUDA graphs, the published code was
 compiled with them and runs behind `GraphedCall`. AOT packages carry their weights and stay an explicit route
 (`fullgraph.deploy.load`): never served here.
@@ -53,6 +54,7 @@ from fullgraph.errors import UsageError
 from fullgraph.ops import policies
 
 PREFIX = "fullgraph:precompiled:"
+REDIS_FAILED = "Redis failed: "  # a fallback's reason that also keeps the remote cache off (one timeout, not two)
 
 
 class PublishedWarning(UserWarning):
@@ -148,9 +150,12 @@ class Served:
         with self._lock:
             if self.how.startswith("compiled"):
                 return
-            warnings.warn(f"{type(self.model).__name__}: not starting from the published code ({why}); compiling "
-                          "with the fleet's remote cache", PublishedWarning, stacklevel=3)  # fmt: skip
-            remote_cache(**self._remote)
+            remote = not why.startswith(REDIS_FAILED)  # Redis answered: its remote caches may hold the graphs
+            how = "compiling with the fleet's remote cache" if remote else "compiling here"
+            warnings.warn(f"{type(self.model).__name__}: not starting from the published code ({why}); {how}",
+                          PublishedWarning, stacklevel=3)  # fmt: skip
+            if remote:
+                remote_cache(**self._remote)
             self._fn = fullgraph.compile.compile(self.model, self.preset)
             self.how = f"compiled here: {why}"
 
@@ -186,7 +191,8 @@ def serve(model: torch.nn.Module, inputs: Sequence[Any], url: str | None = None,
         finally:
             c.close()
     except import_redis().RedisError as e:
-        return Served(model, preset, None, f"Redis failed: {type(e).__name__}: {' '.join(str(e).split())}", remote)
+        why = f"{REDIS_FAILED}{type(e).__name__}: {' '.join(str(e).split())}; not asking it again"
+        return Served(model, preset, None, why, remote)
     if data is None:
         return Served(model, preset, None, f"nothing published under {where}", remote)
     payload, why = unwrap(secret, name, data, environment())
