@@ -168,8 +168,12 @@ def test_auto_on_the_cpu_applies_nothing_and_says_why():
     model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
     _, cm = run(model, x)
     assert cm.stats.rewrites == ()
-    assert {s.rewrite for s in cm.stats.rewrites_skipped} == set(BOTH)
-    assert all(s.reason.startswith("auto: not measured on cpu") for s in cm.stats.rewrites_skipped)
+    assert {s.rewrite for s in cm.stats.rewrites_skipped} == {*BOTH, "layer_norm_kernel"}
+    reasons = {s.rewrite: s.reason for s in cm.stats.rewrites_skipped}
+    assert reasons["patch_gemm"].startswith("auto: not measured on cpu")
+    assert reasons["gelu_epilogue"].startswith("auto: not measured on cpu")
+    # the first norm reads the patch embedding's transposed output: rows not contiguous, the kernel's refusal
+    assert reasons["layer_norm_kernel"] == "the rows are not contiguous (the kernel reads each row as one block)"
 
 
 def test_no_rewrites_is_plain_torch_compile():
@@ -184,7 +188,9 @@ def test_no_rewrites_is_plain_torch_compile():
 
 
 def test_bad_arguments_are_one_line_errors_naming_the_fix():
-    with pytest.raises(UsageError, match=r"unknown rewrite 'patch'; the rewrites are patch_gemm, gelu_epilogue"):
+    with pytest.raises(
+        UsageError, match=r"unknown rewrite 'patch'; the rewrites are patch_gemm, gelu_epilogue, layer_norm_kernel"
+    ):
         fullgraph.compile(Vitish(), "dev", rewrites=["patch"])
     with pytest.raises(UsageError, match=r"rewrites='all': give 'auto', a list of names"):
         fullgraph.compile(Vitish(), "dev", rewrites="all")
@@ -260,3 +266,31 @@ def test_on_cuda_auto_takes_both_where_exact_and_follows_the_tf32_settings(monke
     _, cm = run(Vitish(act=TanhGelu()).eval().cuda(), x)  # fp32, TF32 convolutions, full-fp32 matmuls
     assert "patch_gemm" not in cm.stats.rewrite_counts()
     assert any(s.reason.startswith("fp32: convolutions run TF32") for s in cm.stats.rewrites_skipped)
+
+
+class TwoNorms(nn.Module):
+    """nn.LayerNorm over the last dim (our kernel's pattern) and F.layer_norm over the last two (not it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(24)
+
+    def forward(self, x):
+        return self.norm(x) + F.layer_norm(x, x.shape[-2:])
+
+
+def test_layer_norm_follows_the_ops_policy_and_matches_fp64():
+    torch.manual_seed(9)
+    model, x = TwoNorms().eval(), torch.randn(3, 7, 24)
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    with fullgraph.ops.policy(layer_norm="kernel"):  # the vocabulary of our own ops
+        out, cm = run(model, x)
+    assert [(a.rewrite, a.where) for a in cm.stats.rewrites] == [("layer_norm_kernel", "norm")]
+    ref = reference(model, x)
+    assert (out.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+    with fullgraph.ops.policy(layer_norm="native"):  # native stops it, even forced
+        _, cm = run(model, x, rewrites=["layer_norm_kernel"])
+    assert cm.stats.rewrites == ()
+    assert [s.reason for s in cm.stats.rewrites_skipped] == ["op layer_norm's policy is native"]

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "patch_gemm": "fullgraph.rewrite.patch:REWRITE",
     "gelu_epilogue": "fullgraph.rewrite.gelu:REWRITE",
+    "layer_norm_kernel": "fullgraph.rewrite.norms:REWRITE",
 }
 
 
