@@ -266,3 +266,20 @@ def test_a_reduce_overhead_file_replays_one_cuda_graph_from_many_threads(tmp_pat
     assert worst < 1e-2  # TF32 may be on; a wrong caller's output would be off by O(1)
     with pytest.raises(DeployError, match="was precompiled for inputs 4x8:float32@cuda"):
         loaded(torch.randn(5, 8, device="cuda"))
+
+
+@needs_api
+def test_a_second_precompile_at_another_size_stays_static(tmp_path, monkeypatch):
+    # Every precompile compiles one function; under automatic dynamic shapes the second (another size) came out
+    # dynamic, and its guard then took sizes it was not made for (found by the fleet tests after the others ran).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = Linears().eval()
+    pre.save_precompiled(model, (torch.randn(4, 8),), tmp_path / "a.fgpre")
+    meta = pre.save_precompiled(model, (torch.randn(6, 8),), tmp_path / "b.fgpre")
+    assert meta.signature == "6x8:float32@cpu" and meta.dynamic == {}
+    loaded = pre.load_precompiled(tmp_path / "b.fgpre", model)
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+    with pytest.raises(DeployError, match="was precompiled for inputs 6x8:float32@cpu, not 5x8:float32@cpu"):
+        loaded(torch.randn(5, 8))

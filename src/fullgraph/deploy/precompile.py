@@ -139,12 +139,20 @@ def _call_model(model: torch.nn.Module, *args: Any) -> Any:
     return model(*args)
 
 
-def _aot_compile(model: torch.nn.Module, args: tuple, mode: str | None, options: Mapping[str, Any] | None) -> Any:
-    """`model(*args)` captured and compiled: torch's AOTCompiledFunction, called as fn(model, *args)."""
+def _aot_compile(model: torch.nn.Module, args: tuple, mode: str | None, options: Mapping[str, Any] | None,
+                 declared: bool = False) -> Any:  # fmt: skip
+    """`model(*args)` captured and compiled: torch's AOTCompiledFunction, called as fn(model, *args).
+
+    Static unless dims were declared (`declared`: marked on the inputs): every precompile compiles the one function
+    `_call_model`, so under torch's automatic dynamic shapes a second precompile in a process, at another size,
+    came out dynamic (its guard then accepted sizes it was never meant for), depending on what the process had
+    compiled before."""
     # Off by default before torch 2.13; read when torch.compile builds its wrapper, so it is set around that call.
     patch = {"enable_aot_compile": True} if hasattr(torch._dynamo.config, "enable_aot_compile") else {}
+    dynamic = None if declared else False
     with torch._dynamo.config.patch(patch):
-        wrapper = torch.compile(_call_model, fullgraph=True, backend="inductor", mode=mode, options=options)
+        wrapper = torch.compile(_call_model, fullgraph=True, backend="inductor", mode=mode, options=options,
+                                dynamic=dynamic)  # fmt: skip
     if not hasattr(wrapper, "aot_compile"):
         raise DeployError(f"torch {torch.__version__} offers no torch.compile(...).aot_compile here; {_FIX}")
     with torch.no_grad():
@@ -184,7 +192,7 @@ def save_precompiled(
             "(TORCHINDUCTOR_FORCE_DISABLE_CACHES or torch._inductor.config.force_disable_caches); unset it"
         )
     try:
-        compiled = _aot_compile(model, args, mode, options)
+        compiled = _aot_compile(model, args, mode, options, declared=bool(spec))
     except DeployError:
         raise
     except Exception as e:  # Dynamo reports graph breaks and unsupported code, Inductor its lowering failures
