@@ -47,7 +47,7 @@ def build_big(program, package_path, inductor_configs):  # AOTInductor's build, 
 
 torch.compiler.save_cache_artifacts = lambda: (b"a" * 200_000, None)
 attempt("m.cache", lambda: cache.save_cache(os.path.join(folder, "m.cache")))
-precompile._aot_compile = lambda model, args, mode, options: Big()
+precompile._aot_compile = lambda model, args, mode, options, declared=False: Big()
 x = torch.randn(4, 8)
 attempt("m.fgpre", lambda: precompile.save_precompiled(Linears(), (x,), os.path.join(folder, "m.fgpre")))
 torch._inductor.aoti_compile_and_package = build_big
