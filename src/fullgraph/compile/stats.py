@@ -9,6 +9,7 @@ What happens on another thread during a call is counted too (see `fullgraph.comp
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 
 from fullgraph.compile.rewrites import Applied, Skipped
@@ -45,10 +46,7 @@ class CompileStats:
 
     def rewrite_counts(self) -> dict[str, int]:
         """Rewrite name -> places it was applied."""
-        out: dict[str, int] = {}
-        for a in self.rewrites:
-            out[a.rewrite] = out.get(a.rewrite, 0) + 1
-        return out
+        return dict(Counter(a.rewrite for a in self.rewrites))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -3,6 +3,8 @@ with their example values and provenance, and where a node came from in the user
 
 from __future__ import annotations
 
+import abc
+import functools
 import hashlib
 import inspect
 import re
@@ -91,8 +93,10 @@ def where(node: fx.Node) -> tuple[str, str]:
     return path, line
 
 
+@functools.cache
 def source_identity(*objects: Any) -> str:
-    """A digest of the source files that define `objects` (modules, classes, functions) and of this file."""
+    """A digest of the source files that define `objects` (modules, classes, functions) and of this file, read once
+    per process (the code that runs is the code imported then)."""
     h = hashlib.sha256()
     files = {inspect.getsourcefile(o) for o in objects} | {__file__}
     for f in sorted(f for f in files if f):
@@ -100,24 +104,36 @@ def source_identity(*objects: Any) -> str:
     return h.hexdigest()
 
 
-class PatternRewrite:
+class PatternRewrite(abc.ABC):
     """A rewrite of single matched nodes: `match` finds one (its data, or a reason it cannot be rewritten soundly),
     `refuse` says why to leave a sound one (the decision, a precision rule), `replace` edits the graph; `apply` runs
     them over a graph and records each place (fullgraph.compile.rewrites' protocol)."""
 
     name = ""
+    measured_on = ("cuda",)  # device types where `auto` takes it (the rest were not measured)
 
+    @abc.abstractmethod
     def match(self, node: fx.Node) -> Any:
-        raise NotImplementedError
+        """None when `node` is not the pattern; a reason (str) when it is one that cannot be rewritten soundly; else
+        what `refuse`, `replace` and `detail` read."""
 
+    @abc.abstractmethod
     def refuse(self, found: Any, context: Context) -> str | None:
-        raise NotImplementedError
+        """Why this sound match is left alone, or None to rewrite it."""
 
+    @abc.abstractmethod
     def replace(self, graph: fx.Graph, node: fx.Node, found: Any) -> None:
-        raise NotImplementedError
+        """Edit the graph: `node` replaced by the equivalent."""
 
+    @abc.abstractmethod
     def detail(self, found: Any, context: Context) -> str:
-        raise NotImplementedError
+        """What the match became, for `stats.rewrites`."""
+
+    def not_measured(self, device: torch.device, context: Context) -> str | None:
+        """`auto`'s refusal on a device where this rewrite was not measured (None when forced, or measured there)."""
+        if context.forced or device.type in self.measured_on:
+            return None
+        return f"auto: not measured on {device.type} (rewrites=[{self.name!r}] forces it)"
 
     def identity(self) -> str:
         return source_identity(type(self))

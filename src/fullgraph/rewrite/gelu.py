@@ -33,43 +33,6 @@ def epilogue_form(device: torch.device) -> str:
     return "tanh" if device.type == "cuda" else "none"
 
 
-def match(node: fx.Node) -> tuple[dict[str, Any], fx.Node, str] | str | None:
-    """(the linear's arguments, the linear node, GELU form) for a GELU whose input is a linear layer used only by
-    it; a reason when it is one that cannot be rewritten; None when it is no such pattern."""
-    if node.op != "call_function" or node.target not in GELU:
-        return None
-    g = call_args(node, ("input", "approximate"), {"approximate": "none"})
-    lin = g["input"] if g else None
-    if not isinstance(lin, fx.Node) or lin.op != "call_function" or lin.target not in LINEAR:
-        return None
-    if single_user(lin) is not node:
-        return None  # the linear's output is used elsewhere too: the GELU cannot take its place
-    a = call_args(lin, ("input", "weight", "bias"), {"bias": None})
-    if a is None:
-        return None
-    x, w, bias = value(a["input"]), value(a["weight"]), value(a["bias"])
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or w.dim() != 2 or x.dim() < 2:
-        return None
-    if not isinstance(bias, torch.Tensor) or bias.dim() != 1:
-        return "no bias: the epilogue adds one (a linear without bias keeps its GELU)"
-    if not (x.dtype == w.dtype == bias.dtype) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return f"dtypes {x.dtype}, {w.dtype}, {bias.dtype}: the epilogue takes one floating dtype"
-    if x.dim() > 2 and static_ints(tuple(x.shape[1:-1])) is None:
-        return "the input's inner dims are symbolic (dynamic)"
-    return a, lin, g["approximate"]
-
-
-def rewrite(graph: fx.Graph, gelu: fx.Node, a: dict[str, Any]) -> None:
-    x, w = value(a["input"]), value(a["weight"])
-    n, k = w.shape
-    b = Builder(graph, gelu)
-    flat = b(torch.reshape, a["input"], (-1, k)) if x.dim() != 2 else a["input"]
-    y = b(torch._addmm_activation, a["bias"], flat, b(torch.t, a["weight"]), use_gelu=True)
-    if x.dim() != 2:
-        y = b(torch.reshape, y, (-1, *x.shape[1:-1], n))
-    b.replace(y)
-
-
 Found = tuple[dict[str, Any], fx.Node, str]  # the linear's arguments, the linear node, the model's GELU form
 
 
@@ -77,7 +40,29 @@ class GeluEpilogue(PatternRewrite):
     name = "gelu_epilogue"
 
     def match(self, node: fx.Node) -> Found | str | None:
-        return match(node)
+        """(the linear's arguments, the linear node, GELU form) for a GELU whose input is a linear layer used only
+        by it; a reason when it is one that cannot be rewritten; None when it is no such pattern."""
+        if node.op != "call_function" or node.target not in GELU:
+            return None
+        g = call_args(node, ("input", "approximate"), {"approximate": "none"})
+        lin = g["input"] if g else None
+        if not isinstance(lin, fx.Node) or lin.op != "call_function" or lin.target not in LINEAR:
+            return None
+        if single_user(lin) is not node:
+            return None  # the linear's output is used elsewhere too: the GELU cannot take its place
+        a = call_args(lin, ("input", "weight", "bias"), {"bias": None})
+        if a is None:
+            return None
+        x, w, bias = value(a["input"]), value(a["weight"]), value(a["bias"])
+        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or w.dim() != 2 or x.dim() < 2:
+            return None
+        if not isinstance(bias, torch.Tensor) or bias.dim() != 1:
+            return "no bias: the epilogue adds one (a linear without bias keeps its GELU)"
+        if not (x.dtype == w.dtype == bias.dtype) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return f"dtypes {x.dtype}, {w.dtype}, {bias.dtype}: the epilogue takes one floating dtype"
+        if x.dim() > 2 and static_ints(tuple(x.shape[1:-1])) is None:
+            return "the input's inner dims are symbolic (dynamic)"
+        return a, lin, g["approximate"]
 
     def refuse(self, found: Found, context: Context) -> str | None:
         a, _, form = found
@@ -87,13 +72,19 @@ class GeluEpilogue(PatternRewrite):
             want, has = (_FORMS[f] for f in (form, computes))
             fix = "; approximate_gelu=True accepts the tanh form" if computes == "tanh" else ""
             return f"the {want} GELU, where the epilogue on {device.type} computes the {has} one{fix}"
-        if not context.forced and device.type != "cuda":
-            return f"auto: not measured on {device.type} (rewrites=['gelu_epilogue'] forces it)"
-        return None
+        return self.not_measured(device, context)
 
     def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
-        rewrite(graph, node, found[0])
-        graph.erase_node(found[1])
+        a, lin, _ = found
+        x, w = value(a["input"]), value(a["weight"])
+        n, k = w.shape
+        b = Builder(graph, node)
+        flat = b(torch.reshape, a["input"], (-1, k)) if x.dim() != 2 else a["input"]
+        y = b(torch._addmm_activation, a["bias"], flat, b(torch.t, a["weight"]), use_gelu=True)
+        if x.dim() != 2:
+            y = b(torch.reshape, y, (-1, *x.shape[1:-1], n))
+        b.replace(y)
+        graph.erase_node(lin)
 
     def detail(self, found: Found, context: Context) -> str:
         a, _, form = found

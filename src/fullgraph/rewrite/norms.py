@@ -25,6 +25,7 @@ from torch import fx
 import fullgraph.kernels.layer_norm  # noqa: F401 - registers torch.ops.fullgraph.layer_norm
 from fullgraph import env
 from fullgraph.compile.rewrites import Context
+from fullgraph.kernels._library import ops_fingerprint
 from fullgraph.ops import measured
 from fullgraph.ops.policies import Policy, effective
 from fullgraph.rewrite._fx import Builder, PatternRewrite, call_args, static_ints, value
@@ -82,6 +83,10 @@ class LayerNormKernel(PatternRewrite):
         b = Builder(graph, node)
         op = torch.ops.fullgraph.layer_norm.default
         b.replace(b(op, found["input"], found["weight"], found["bias"], float(found["eps"])))
+
+    def identity(self) -> str:
+        """Its source and the decision data `auto` reads (`ops_fingerprint`, which torch's cache keys carry too)."""
+        return super().identity() + ops_fingerprint()
 
     def detail(self, found: Found, context: Context) -> str:
         x = value(found["input"])

@@ -42,32 +42,7 @@ def _pair(v: Any) -> tuple[int, ...] | None:
     return ints * 2 if len(ints) == 1 else ints
 
 
-def match(node: fx.Node) -> tuple[dict[str, Any], str] | str | None:
-    """(the arguments, a description) where `node` is a patch convolution; a reason when it is one that cannot be
-    rewritten soundly; None when it is no patch convolution at all."""
-    if node.op != "call_function" or node.target not in CONV2D:
-        return None
-    a = call_args(node, NAMES, DEFAULTS)
-    if a is None:
-        return None
-    x, w = value(a["input"]), value(a["weight"])
-    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or x.dim() != 4 or w.dim() != 4:
-        return None
-    kernel = static_ints(tuple(w.shape[2:]))
-    stride, dilation = _pair(a["stride"]), _pair(a["dilation"])
-    padding = a["padding"]
-    if kernel is None or stride != kernel or kernel == (1, 1):
-        return None
-    if padding not in ("valid", 0, (0, 0), [0, 0]) or dilation != (1, 1) or a["groups"] != 1:
-        return None
-    size = static_ints(tuple(x.shape[1:]))
-    if size is None:
-        return "the image's channels or size are symbolic (dynamic)"
-    c, h, wd = size
-    kh, kw = kernel
-    if h % kh or wd % kw:
-        return f"the image ({h}x{wd}) is not a whole number of {kh}x{kw} patches"
-    return a, f"GEMM over {h // kh}x{wd // kw} patches of {c}x{kh}x{kw} -> {w.shape[0]}"
+Found = tuple[dict[str, Any], str]  # the convolution's arguments, what it becomes
 
 
 def _precision_reason(x: torch.Tensor) -> str | None:
@@ -83,44 +58,56 @@ def _precision_reason(x: torch.Tensor) -> str | None:
             "torch.backends.cuda.matmul.allow_tf32); set them alike to rewrite")  # fmt: skip
 
 
-def _decision(x: torch.Tensor, context: Context) -> str | None:
-    """Why `auto` leaves this one alone, or None to apply it."""
-    if context.forced:
-        return None
-    if x.device.type != "cuda":
-        return f"auto: not measured on {x.device.type} (rewrites=['patch_gemm'] forces it)"
-    return None
-
-
-def rewrite(graph: fx.Graph, node: fx.Node, a: dict[str, Any]) -> None:
-    x, w = value(a["input"]), value(a["weight"])
-    c, h, wd = x.shape[1:]
-    o, _, kh, kw = w.shape
-    hp, wp = h // kh, wd // kw
-    b = Builder(graph, node)
-    patches = b(torch.reshape, a["input"], (-1, c, hp, kh, wp, kw))
-    patches = b(torch.permute, patches, (0, 2, 4, 1, 3, 5))
-    patches = b(torch.reshape, patches, (-1, c * kh * kw))
-    weight = b(torch.reshape, a["weight"], (o, c * kh * kw))
-    y = b(torch._C._nn.linear, patches, weight, a["bias"])
-    y = b(torch.reshape, y, (-1, hp, wp, o))
-    b.replace(b(torch.permute, y, (0, 3, 1, 2)))
-
-
 class PatchGemm(PatternRewrite):
     name = "patch_gemm"
 
-    def match(self, node: fx.Node) -> tuple[dict[str, Any], str] | str | None:
-        return match(node)
+    def match(self, node: fx.Node) -> Found | str | None:
+        """(the arguments, a description) where `node` is a patch convolution; a reason when it is one that cannot
+        be rewritten soundly; None when it is no patch convolution at all."""
+        if node.op != "call_function" or node.target not in CONV2D:
+            return None
+        a = call_args(node, NAMES, DEFAULTS)
+        if a is None:
+            return None
+        x, w = value(a["input"]), value(a["weight"])
+        if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or x.dim() != 4 or w.dim() != 4:
+            return None
+        kernel = static_ints(tuple(w.shape[2:]))
+        stride, dilation = _pair(a["stride"]), _pair(a["dilation"])
+        padding = a["padding"]
+        if kernel is None or stride != kernel or kernel == (1, 1):
+            return None
+        if padding not in ("valid", 0, (0, 0), [0, 0]) or dilation != (1, 1) or a["groups"] != 1:
+            return None
+        size = static_ints(tuple(x.shape[1:]))
+        if size is None:
+            return "the image's channels or size are symbolic (dynamic)"
+        c, h, wd = size
+        kh, kw = kernel
+        if h % kh or wd % kw:
+            return f"the image ({h}x{wd}) is not a whole number of {kh}x{kw} patches"
+        return a, f"GEMM over {h // kh}x{wd // kw} patches of {c}x{kh}x{kw} -> {w.shape[0]}"
 
-    def refuse(self, found: tuple[dict[str, Any], str], context: Context) -> str | None:
+    def refuse(self, found: Found, context: Context) -> str | None:
         x = value(found[0]["input"])
-        return _precision_reason(x) or _decision(x, context)
+        return _precision_reason(x) or self.not_measured(x.device, context)
 
-    def replace(self, graph: fx.Graph, node: fx.Node, found: tuple[dict[str, Any], str]) -> None:
-        rewrite(graph, node, found[0])
+    def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
+        a = found[0]
+        x, w = value(a["input"]), value(a["weight"])
+        c, h, wd = x.shape[1:]
+        o, _, kh, kw = w.shape
+        hp, wp = h // kh, wd // kw
+        b = Builder(graph, node)
+        patches = b(torch.reshape, a["input"], (-1, c, hp, kh, wp, kw))
+        patches = b(torch.permute, patches, (0, 2, 4, 1, 3, 5))
+        patches = b(torch.reshape, patches, (-1, c * kh * kw))
+        weight = b(torch.reshape, a["weight"], (o, c * kh * kw))
+        y = b(torch._C._nn.linear, patches, weight, a["bias"])
+        y = b(torch.reshape, y, (-1, hp, wp, o))
+        b.replace(b(torch.permute, y, (0, 3, 1, 2)))
 
-    def detail(self, found: tuple[dict[str, Any], str], context: Context) -> str:
+    def detail(self, found: Found, context: Context) -> str:
         return found[1]
 
 
