@@ -65,6 +65,7 @@ from fullgraph.deploy._common import (
     environment,
     input_signature,
     mismatches,
+    open_trusted,
     parse_framed,
     read_framed,
     write_private,
@@ -243,12 +244,15 @@ def _serialize(compiled: Any, path: str) -> bytes:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# How a precompiled file is framed and named in refusals (fullgraph.deploy._common.parse_framed's arguments).
+_FRAME = {"kind": "precompiled", "magic": MAGIC, "fmt": FORMAT, "meta_cls": PrecompiledMeta, "fix": _FIX,
+          "make": "fullgraph.deploy.save_precompiled", "contents": "compiled code"}  # fmt: skip
+
+
 def read_precompiled(path: str | os.PathLike) -> tuple[PrecompiledMeta, bytes]:
     """The header and the payload of a precompiled file, after the ownership and permission checks and the
     checksum; nothing is unpickled."""
-    return read_framed(path, kind="precompiled", what="precompiled model", magic=MAGIC, fmt=FORMAT,
-                       meta_cls=PrecompiledMeta, fix=_FIX, make="fullgraph.deploy.save_precompiled",
-                       contents="compiled code")  # fmt: skip
+    return read_framed(path, what="precompiled model", **_FRAME)
 
 
 class PrecompiledModel:
@@ -369,18 +373,17 @@ def load_precompiled(
 def precompiled_bytes(path: str | os.PathLike) -> bytes:
     """A precompiled file's bytes, whole (header and payload), after the same checks as `load_precompiled`'s:
     what `fullgraph.deploy.published` sends to a fleet's Redis."""
-    read_precompiled(path)
-    with open(path, "rb") as f:
-        return f.read()
+    with open_trusted(path, "precompiled model") as f:
+        data = f.read()
+    parse_framed(data, display_path(path), **_FRAME)
+    return data
 
 
 def load_precompiled_bytes(data: bytes, model: torch.nn.Module, *, name: str, signature: str | None = None):
     """`load_precompiled` on a file's bytes held in memory (fetched from a fleet's Redis); `name` says where from
     in messages. The same header checks; the bytes' origin is the caller's to vouch for (a signature)."""
     _require_api()
-    meta, payload = parse_framed(data, name, kind="precompiled", magic=MAGIC, fmt=FORMAT, meta_cls=PrecompiledMeta,
-                                 fix=_FIX, make="fullgraph.deploy.save_precompiled",
-                                 contents="compiled code")  # fmt: skip
+    meta, payload = parse_framed(data, name, **_FRAME)
     return _load(name, meta, payload, model, signature)
 
 

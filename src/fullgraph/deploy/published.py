@@ -41,10 +41,10 @@ from fullgraph.deploy._common import DeployError, environment, input_signature
 from fullgraph.deploy.precompile import load_precompiled_bytes, precompiled_bytes, save_precompiled
 from fullgraph.deploy.remote import (
     DEFAULT_TIMEOUT_S,
-    ENV_URL,
     _secret,
     client,
     import_redis,
+    redis_url,
     remote_cache,
     shown_url,
     unwrap,
@@ -97,20 +97,13 @@ def artifact_key(model: torch.nn.Module, inputs: Sequence[Any], *, preset: str,
     return PREFIX + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _url(url: str | None) -> str:
-    url = url or os.environ.get(ENV_URL)
-    if not url:
-        raise UsageError(f"give the Redis URL (remote=...), or set {ENV_URL}")
-    return url
-
-
 def publish(model: torch.nn.Module, inputs: Sequence[Any], url: str | None = None, *, password: str | None = None,
             key: str | bytes | None = None, preset: str = "dev",
             dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
             timeout: float = DEFAULT_TIMEOUT_S) -> tuple[str, int]:  # fmt: skip
     """Precompile `model(*inputs)` with the preset's mode and Inductor options and publish it: (the Redis key, the
     bytes written). Raises a DeployError when Redis cannot take it (it is the point of the call)."""
-    url = _url(url)
+    url = redis_url(url, "give the Redis URL (url=...)")
     secret = _secret(key)
     inputs = tuple(inputs)
     resolved = resolve(preset)
@@ -179,7 +172,7 @@ def serve(model: torch.nn.Module, inputs: Sequence[Any], url: str | None = None,
     """`model` (this replica's weights) served from the fleet's published code for `inputs`' signature, or compiled
     with the remote cache where that cannot be (module docstring). `inputs` are example inputs: their shapes,
     dtypes and device choose the key."""
-    url = _url(url)
+    url = redis_url(url, "give the Redis URL (url=...)")
     secret = _secret(key)
     remote = {"url": url, "password": password, "key": key, "timeout": timeout}
     name = artifact_key(model, tuple(inputs), preset=preset, dynamic=dynamic)

@@ -71,6 +71,14 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def redis_url(url: str | None, missing: str) -> str:
+    """`url`, else FULLGRAPH_REMOTE_CACHE's; `missing` begins the UsageError when neither is there."""
+    url = url or os.environ.get(ENV_URL)
+    if not url:
+        raise UsageError(f"{missing}, or set {ENV_URL}")
+    return url
+
+
 def client(url: str, password: str | None, timeout: float) -> Any:
     """A Redis client that waits at most `timeout` to connect and `timeout` per reply, and never retries.
     `password`: given, else the URL's; there must be one (entries run code when loaded)."""
@@ -315,9 +323,7 @@ def remote_cache(url: str | None = None, *, password: str | None = None, key: st
     seconds to connect and per reply (default 1). Process-wide (torch's hook is): a second call replaces the
     first. Nothing is contacted until the first compile asks."""
     global _active
-    url = url or os.environ.get(ENV_URL)
-    if not url:
-        raise UsageError(f"remote_cache: give the Redis URL, or set {ENV_URL}")
+    url = redis_url(url, "remote_cache: give the Redis URL")
     fleet = FleetCache(SignedRedisBackend(url, password=password, key=key, timeout=timeout))
     previous = active()
     if previous is not None:
@@ -340,9 +346,7 @@ def entries(url: str | None = None, *, password: str | None = None,
             timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, dict[str, int]]:  # fmt: skip
     """Per torch cache in Redis ("fx-graph-v1", "autograd-experimental", ...): entries, bytes and the hits fullgraph
     recorded. A Redis that cannot be reached is a DeployError naming the cause."""
-    url = url or os.environ.get(ENV_URL)
-    if not url:
-        raise UsageError(f"give the Redis URL (--remote), or set {ENV_URL}")
+    url = redis_url(url, "give the Redis URL (--remote)")
     c = client(url, password, timeout)
     redis = import_redis()
     try:
