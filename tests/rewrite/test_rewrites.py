@@ -189,7 +189,7 @@ def test_no_rewrites_is_plain_torch_compile():
 
 def test_bad_arguments_are_one_line_errors_naming_the_fix():
     with pytest.raises(
-        UsageError, match=r"unknown rewrite 'patch'; the rewrites are patch_gemm, gelu_epilogue, layer_norm_kernel"
+        UsageError, match=r"unknown rewrite 'patch'; the rewrites are patch_gemm, gelu_epilogue, layer_norm_modulate_k"
     ):
         fullgraph.compile(Vitish(), "dev", rewrites=["patch"])
     with pytest.raises(UsageError, match=r"rewrites='all': give 'auto', a list of names"):
@@ -279,9 +279,9 @@ class TwoNorms(nn.Module):
         return self.norm(x) + F.layer_norm(x, x.shape[-2:])
 
 
-def test_layer_norm_follows_the_ops_policy_and_matches_fp64():
+def test_layer_norm_follows_the_ops_policy_and_matches_fp64(triton_device):
     torch.manual_seed(9)
-    model, x = TwoNorms().eval(), torch.randn(3, 7, 24)
+    model, x = TwoNorms().eval().to(triton_device), torch.randn(3, 7, 24, device=triton_device)
     with torch.no_grad():
         model.norm.weight.uniform_(0.5, 1.5)
         model.norm.bias.uniform_(-0.5, 0.5)

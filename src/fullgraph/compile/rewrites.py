@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "patch_gemm": "fullgraph.rewrite.patch:REWRITE",
     "gelu_epilogue": "fullgraph.rewrite.gelu:REWRITE",
+    # a pattern that holds another's runs first: the modulated LayerNorm before the LayerNorm alone
+    "layer_norm_modulate_kernel": "fullgraph.rewrite.modulate:REWRITE",
     "layer_norm_kernel": "fullgraph.rewrite.norms:REWRITE",
+    "attention_kernel": "fullgraph.rewrite.attention:REWRITE",
 }
 
 
@@ -110,8 +113,10 @@ class Recorder:
 def make_pass(chosen: tuple[str, ...], *, forced: bool, approximate_gelu: bool, recorder: Recorder,
               previous: Any = None):  # fmt: skip
     """The CustomGraphPass that runs the rewrites `chosen` (each where its decision says it wins, or wherever it is
-    sound when `forced`), then `previous` (a pre-grad pass the user set in `options`, kept)."""
+    sound when `forced`) in the registry's order, then `previous` (a pre-grad pass the user set in `options`, kept)."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    chosen = tuple(sorted(set(chosen), key=list(REGISTRY).index))
 
     class RewritePass(CustomGraphPass):
         def __call__(self, graph: Any) -> None:

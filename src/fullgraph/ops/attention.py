@@ -138,8 +138,10 @@ def compiled_auto(spec, device: torch.device, graphed_fit: bool = False) -> str:
     `fullgraph::sdpa_cudnn` cost 567 us of host time per forward, the model 0.80x timm's compiled speed).
     Where "sdpa" cannot serve the call, the eager choice or the preference order (`choose_compiled`).
     `graphed_fit`: `measured.graphed_kernel_fits` for this call's q (our kernel measured ahead at its size in code
-    replayed from CUDA graphs). Never ours at a head dim it was not measured at (`auto_may_pick`): those measurements
-    were made at head dim 64 (ViT-B/16) and 128 (the DiT stack)."""
+    replayed from CUDA graphs), taken in bf16/fp16 only, the precisions it was measured in (in fp32 our kernel's
+    exact products run without tensor cores). Never ours at a head dim it was not measured at (`auto_may_pick`):
+    those measurements were made at head dim 64 (ViT-B/16) and 128 (the DiT stack)."""
+    graphed_fit = graphed_fit and spec.dtype in ("bfloat16", "float16")
     measured_here = measured.compiled_choice("attention", device) == "kernel" or graphed_fit
     if measured_here and _backends.auto_may_pick("triton", spec.d) and not serve_reason("triton", *spec):
         return "triton"

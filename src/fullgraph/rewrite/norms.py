@@ -17,6 +17,7 @@ Our kernel computes mean and variance in float32 over the row held in registers 
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import torch
@@ -37,8 +38,47 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 Found = dict[str, Any]
 
 
-class LayerNormKernel(PatternRewrite):
+class OpKernelRewrite(PatternRewrite):
+    """A rewrite to the kernel of one of our ops (`op`), decided as that op is in our own models: its policy
+    (`native` never, `kernel` wherever the kernel runs, as does a forced rewrite) and, under `auto`, the in-graph
+    decision data at this call's shape (`measured.compiled_choice`)."""
+
+    op = ""
+
+    @abc.abstractmethod
+    def tensor(self, found: Any) -> torch.Tensor:
+        """The example value of the rows the kernel reads (x), whose dtype, width and row count key the decision."""
+
+    def head_dim(self, found: Any) -> int:
+        """The attention head dim the decision is keyed by: 0 for an op outside our blocks."""
+        return 0
+
+    def refuse(self, found: Any, context: Context) -> str | None:
+        x = self.tensor(found)
+        policy = effective(self.op)
+        if policy == Policy.NATIVE.value:
+            return f"op {self.op}'s policy is native"
+        runs, why = env.triton_runs_on(x.device)
+        if not runs:
+            return f"our kernel does not run on {x.device.type}: {why}"
+        if policy == Policy.KERNEL.value or context.forced:
+            return None
+        width, dim = x.shape[-1], self.head_dim(found)
+        shape = measured.Shape(x.dtype, dim, width, x.numel() // width)
+        if measured.compiled_choice(self.op, x.device, shape) == "kernel":
+            return None
+        at = f"width {width}" + (f", head dim {dim}" if dim else "")
+        return (f"auto: no in-graph measurement says our kernel wins at {at} on {x.device.type} "
+                f"(fullgraph.ops.policy({self.op}='kernel') forces it; docs/decisions.md)")  # fmt: skip
+
+    def identity(self) -> str:
+        """Its source and the decision data `auto` reads (`ops_fingerprint`, which torch's cache keys carry too)."""
+        return super().identity() + ops_fingerprint()
+
+
+class LayerNormKernel(OpKernelRewrite):
     name = "layer_norm_kernel"
+    op = "layer_norm"
 
     def match(self, node: fx.Node) -> Found | str | None:
         if node.op != "call_function" or node.target not in LAYER_NORM:
@@ -62,31 +102,13 @@ class LayerNormKernel(PatternRewrite):
             return "the rows are not contiguous (the kernel reads each row as one block)"
         return a
 
-    def refuse(self, found: Found, context: Context) -> str | None:
-        x = value(found["input"])
-        policy = effective("layer_norm")
-        if policy == Policy.NATIVE.value:
-            return "op layer_norm's policy is native"
-        runs, why = env.triton_runs_on(x.device)
-        if not runs:
-            return f"our kernel does not run on {x.device.type}: {why}"
-        if policy == Policy.KERNEL.value or context.forced:
-            return None
-        width = x.shape[-1]
-        shape = measured.Shape(x.dtype, 0, width, x.numel() // width)
-        if measured.compiled_choice("layer_norm", x.device, shape) == "kernel":
-            return None
-        return (f"auto: no in-graph measurement says our kernel wins at width {width} on {x.device.type} "
-                "(fullgraph.ops.policy(layer_norm='kernel') forces it; docs/decisions.md)")  # fmt: skip
+    def tensor(self, found: Found) -> torch.Tensor:
+        return value(found["input"])
 
     def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
         b = Builder(graph, node)
         op = torch.ops.fullgraph.layer_norm.default
         b.replace(b(op, found["input"], found["weight"], found["bias"], float(found["eps"])))
-
-    def identity(self) -> str:
-        """Its source and the decision data `auto` reads (`ops_fingerprint`, which torch's cache keys carry too)."""
-        return super().identity() + ops_fingerprint()
 
     def detail(self, found: Found, context: Context) -> str:
         x = value(found["input"])
