@@ -4,6 +4,7 @@
 import copy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,3 +295,29 @@ def test_layer_norm_follows_the_ops_policy_and_matches_fp64(triton_device):
         _, cm = run(model, x, rewrites=["layer_norm_kernel"])
     assert cm.stats.rewrites == ()
     assert [s.reason for s in cm.stats.rewrites_skipped] == ["op layer_norm's policy is native"]
+
+
+def artifact(text: str, name: str) -> str:
+    """The payload (tab-indented lines) of the trace artifact `name` in a structured trace log."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if f'"name": "{name}"' in line)
+    body = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        body.append(line[1:])
+    return "\n".join(body)
+
+
+def test_debug_shows_the_graph_before_and_after_the_rewrites(tmp_path):
+    torch.manual_seed(10)
+    model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
+    torch._dynamo.reset()
+    cm = fullgraph.compile(model, "dev", rewrites=BOTH, debug=tmp_path)
+    with torch.no_grad():
+        cm(x)
+    (log,) = cm.debug_files
+    text = Path(log).read_text()
+    before, after = artifact(text, "before_pre_grad_graph"), artifact(text, "after_pre_grad_graph")
+    assert "conv2d" in before and "_addmm_activation" not in before
+    assert "conv2d" not in after and "_addmm_activation" in after
