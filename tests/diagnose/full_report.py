@@ -11,6 +11,8 @@ from fullgraph.diagnose.report import (
     ChecklistItem,
     ConfigResult,
     Finding,
+    FixCapture,
+    FixOffer,
     GraphBreak,
     Recommendation,
     Recompile,
@@ -135,6 +137,9 @@ def full_report() -> Report:
             ChecklistItem("CUDA graphs replay", "not-measured", "reduce-overhead failed"),
         ],
         notes=[f"note with {HOSTILE}"],
+        fixes=[FixOffer("nms", f"ours {HOSTILE}", "with fix():\n    y = model(x)", [f"eager bf16 failed: {HOSTILE}"])],
+        applied=["nms"],
+        applied_breaks=[FixCapture("bf16", 2, breaks[:1])],
         breakdowns=[
             _breakdown("eager fp32", "cuda", eager, random.uniform(0.2, 0.4)),
             _breakdown(RECOMMENDED, "cuda", fast, random.uniform(0.02, 0.1)),

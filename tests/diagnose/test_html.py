@@ -36,6 +36,7 @@ SECTIONS = (
     "chart",
     "configs",
     "breakdowns",
+    "fixes",
     "graph-breaks",
     "recompiles",
     "cudagraph-skips",
@@ -91,6 +92,7 @@ def test_every_section_heading_has_its_count():
         "chart": "Latency",
         "configs": "Configurations (6)",
         "breakdowns": "Where the time goes (2)",
+        "fixes": "Our fixes (1)",
         "graph-breaks": "Graph breaks (3 at 2 places)",
         "recompiles": "Recompiles (2 causes, 5 recompiles)",
         "cudagraph-skips": "CUDA-graph skips (1)",
@@ -105,7 +107,7 @@ def test_report_text_is_escaped_everywhere():
     html = render_html(full_report())
     assert "<script" not in html
     sections = _sections(html)
-    for sid in ("configs", "breakdowns", "graph-breaks", "recompiles", "output", "notes"):
+    for sid in ("configs", "breakdowns", "fixes", "graph-breaks", "recompiles", "output", "notes"):
         assert E_HOSTILE in sections[sid], sid
     assert "syncs the host &amp; breaks" in sections["lint"]
     assert "max-autotune fp16 &lt;fast&gt;" in sections["chart"] and "# &lt;&amp;&gt;" in sections["graph-breaks"]

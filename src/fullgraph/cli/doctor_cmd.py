@@ -56,6 +56,16 @@ def add_parser(sub, name: str, help_text: str) -> None:
         default=None,
         help="CPU threads for compiling and timing (default: the cores no other work is using)",
     )
+    p.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        default=[],
+        metavar="FIX[,FIX]",
+        help="also run every row with our fixes applied, timed beside it, and read the graph breaks again with them: "
+        "nms (torchvision's batched_nms replaced by fullgraph's), dynamic_output_shapes (torch's "
+        "capture_dynamic_output_shape_ops, scoped); comma-separated or repeated",
+    )
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profile of where the time goes")
     p.add_argument("--html", default="fullgraph_report.html", help="HTML report path (default %(default)s)")
     p.add_argument("--json", default="fullgraph_report.json", help="JSON report path (default %(default)s)")
@@ -70,6 +80,7 @@ def run(args) -> int:
     from fullgraph.diagnose.configs import build, check_modes
     from fullgraph.diagnose.demo import DEMO_INPUTS
     from fullgraph.diagnose.doctor import VARY, doctor
+    from fullgraph.diagnose.fixes import applied, check_with, for_failure
     from fullgraph.diagnose.summary import print_summary
     from fullgraph.diagnose.target import load_target, parse_dtype
     from fullgraph.env import first_line
@@ -86,6 +97,7 @@ def run(args) -> int:
     if unknown:
         raise UsageError(f"--vary: unknown {', '.join(unknown)}; choose from {', '.join(VARY)} (comma-separated)")
     check_search_flags(args)
+    with_ = check_with(_listed(args.with_), flag="--with")
     dtypes = [parse_dtype(d) for d in _listed(args.dtype)] or None
     with progress_reporter() as say:
         say(f"loading {target} on {device}")
@@ -94,14 +106,18 @@ def run(args) -> int:
         # asked for, else its inputs' (`--input 4x64:bf16` alone means a bf16 model).
         dtype = (dtypes or [example.floating_dtype() or torch.float32])[0]
         # The model's prints are held, not echoed before the report: the doctor counts them in its own calls.
-        with torch.no_grad(), capture_output(stdout=True, stderr=False):
+        # With --with, it runs with those fixes applied: a failure they remove is measured in its row, not fatal.
+        with torch.no_grad(), capture_output(stdout=True, stderr=False), applied(with_):
             try:
                 example.cast(dtype).call(build(model, "eager", dtype))
             except Exception as e:
-                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
+                names = for_failure(str(e))
+                hint = f"; --with {','.join(names)} measures it with our fix" if names else ""
+                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}{hint}") from e
         report = doctor(
             model, example.args, example.kwargs, target=target, modes=modes or None, dtypes=dtypes, vary=vary,
             reps=args.reps, budget=args.budget, threads=args.threads, profile=args.profile, progress=say,
+            with_=with_,
         )  # fmt: skip
         say("writing the reports")
         report.save_json(args.json)

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from fullgraph.compile.compiled import CompiledModel
 from fullgraph.compile.compiled import compile as fullgraph_compile
 from fullgraph.compile.presets import PRESETS
 from fullgraph.compile.tuned import ops_text
+from fullgraph.diagnose import fixes as our_fixes
 from fullgraph.diagnose.detections import IOU_MIN, MATCHED_MIN, matched_fraction
 from fullgraph.diagnose.inputs import Example, flat_tensors
 from fullgraph.diagnose.report import ConfigResult, Recommendation
@@ -105,6 +106,7 @@ class Candidate:
     ops: tuple[tuple[str, str], ...] = ()  # op policies this row runs under (fullgraph.ops.policy); () = defaults
     rewrites_off: bool = False  # compiled with rewrites=[] (the twin of a row whose compile applied rewrites)
     rewrites: dict[str, int] = field(default_factory=dict)  # what fullgraph.compile's rewrites applied
+    fixes: tuple[str, ...] = ()  # our fixes this row runs with (diagnose.fixes), applied around every call
     fn: Callable[[], Any] | None = None
     compile_s: float | None = None
     peak: int | None = None
@@ -117,11 +119,14 @@ class Candidate:
     @property
     def name(self) -> str:
         ops = f" ops={ops_text(dict(self.ops))}" if self.ops else ""
-        return config_name(self.mode, self.dtype) + ops + (f" {REWRITES_OFF}" if self.rewrites_off else "")
+        off = f" {REWRITES_OFF}" if self.rewrites_off else ""
+        return config_name(self.mode, self.dtype) + ops + off + (f" with {'+'.join(self.fixes)}" if self.fixes else "")
 
-    def policies(self) -> contextlib.AbstractContextManager:
-        """The op policies of this row, entered around every call of it: compiled code guards on them."""
-        return policy(**dict(self.ops)) if self.ops else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def policies(self) -> Iterator[None]:
+        """The op policies and fixes of this row, entered around every call of it: compiled code guards on them."""
+        with policy(**dict(self.ops)) if self.ops else contextlib.nullcontext(), our_fixes.applied(self.fixes):
+            yield
 
     def spread(self) -> float | None:
         if len(self.round_medians) < 2:
@@ -141,14 +146,15 @@ class Candidate:
         tol = TOLERANCE.get(self.dtype, 1e-3)
         if self.error is not None or not self.samples:
             return ConfigResult(self.name, self.mode, short_dtype(self.dtype), tolerance=tol, error=self.error,
-                                ops=dict(self.ops), rewrites_off=self.rewrites_off)  # fmt: skip
+                                ops=dict(self.ops), rewrites_off=self.rewrites_off,
+                                fixes=list(self.fixes))  # fmt: skip
         return ConfigResult(
             self.name, self.mode, short_dtype(self.dtype), statistics.median(self.samples), self.p(0.2), self.p(0.8),
             compile_s=None if self.mode == "eager" else self.compile_s, peak_memory_bytes=self.peak,
             rel_err=self.err, tolerance=tol, rounds=len(self.round_medians), spread=self.spread(), noisy=noisy,
             round_ms=list(self.round_medians), ops=dict(self.ops), matched=self.matched,
             rewrites=dict(self.rewrites), rewrites_off=self.rewrites_off,
-            matched_min=None if self.matched is None else MATCHED_MIN.get(self.dtype, 0.95),
+            matched_min=None if self.matched is None else MATCHED_MIN.get(self.dtype, 0.95), fixes=list(self.fixes),
         )  # fmt: skip
 
 
@@ -195,8 +201,13 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
 def plain_twins(cands: Sequence[Candidate]) -> list[Candidate]:
     """For each compiled row whose compile applied graph rewrites, the same row with rewrites=[]: plain
     torch.compile's graph in the same mode, timed beside it, so the report shows what the rewrites bought."""
-    return [Candidate(c.mode, c.dtype, c.ops, rewrites_off=True) for c in cands
+    return [Candidate(c.mode, c.dtype, c.ops, rewrites_off=True, fixes=c.fixes) for c in cands
             if c.rewrites and c.error is None and not c.rewrites_off]  # fmt: skip
+
+
+def with_fixes(cands: Sequence[Candidate], names: Sequence[str]) -> list[Candidate]:
+    """Each row again with our fixes `names` applied ("compile default bf16 with nms"), timed beside it."""
+    return [Candidate(c.mode, c.dtype, c.ops, fixes=tuple(names)) for c in cands] if names else []
 
 
 def time_rounds(cands: Sequence[Candidate], device: torch.device, reps: int, rounds: int = ROUNDS) -> None:
@@ -255,7 +266,11 @@ def simplicity(c: ConfigResult) -> tuple:
 def recommend(configs: Sequence[ConfigResult], breaks: str = "", module: bool = True) -> Recommendation | None:
     """The fastest row within tolerance, or, when others are within 3% or within noise of it, the simplest of
     them (eager < default < reduce-overhead < max-autotune; fp32 before bf16), named as a tie. `breaks` is the
-    report's count of graph breaks in its one wording ("8 graph breaks at 2 places"), "" when there are none."""
+    report's count of graph breaks in its one wording ("8 graph breaks at 2 places"), "" when there are none.
+
+    Rows run with our fixes ("... with nms") are measured beside the rows as written, never recommended: the
+    recommendation is code a user pastes (or preset='auto' reads), and a fix is a context around the call."""
+    configs = [c for c in configs if not c.fixes]
     ok = [c for c in configs if c.ok and c.median_ms]
     if not ok:
         return None

@@ -22,11 +22,11 @@ from fullgraph import env
 from fullgraph._capture import capture_output
 from fullgraph.bench.breakdown import Breakdown, ceilings_for, profile_breakdown
 from fullgraph.diagnose import configs as cfg
-from fullgraph.diagnose import dynamo
+from fullgraph.diagnose import dynamo, fixes
 from fullgraph.diagnose.checklist import build_checklist
 from fullgraph.diagnose.inputs import VARY_DIM, Example
 from fullgraph.diagnose.lint_scope import lint_target
-from fullgraph.diagnose.report import Report, break_count, break_summary
+from fullgraph.diagnose.report import FixCapture, Report, break_count, break_summary
 from fullgraph.diagnose.target import unwrap_compiled
 from fullgraph.errors import UsageError
 from fullgraph.timing import cpu_threads_available, pinned_threads
@@ -74,6 +74,20 @@ def _in_dtype(model: Any, dtype: torch.dtype | None) -> Any:
     return cfg.build(model, "eager", dtype)
 
 
+def _capture_with(model: Any, example: Example, dtypes: Sequence[torch.dtype], names: Sequence[str]) -> list:
+    """Graph breaks read again with our fixes `names` applied, once per dtype the rows run in (a fix may be what
+    lets a dtype run at all: torchvision's NMS kernel has no bf16)."""
+    out = []
+    for dtype in dtypes:
+        try:
+            with fixes.applied(names):
+                rec, _ = dynamo.capture_breaks(_in_dtype(model, dtype), example.cast(dtype))
+            out.append(FixCapture(cfg.short_dtype(dtype), len(rec.graphs), dynamo.group_breaks(rec.breaks)))
+        except Exception as e:  # as without the fixes: a model Dynamo cannot run is a finding
+            out.append(FixCapture(cfg.short_dtype(dtype), error=env.first_line(e, 300)))
+    return out
+
+
 def doctor(
     model: Callable,
     args: Any = (),
@@ -88,11 +102,16 @@ def doctor(
     threads: int | None = None,
     profile: bool = True,
     progress: Callable[[str], None] | None = None,
+    with_: Sequence[str] = (),
 ) -> Report:
     """Examine `model` called as `model(*args, **kwargs)` (inputs already on their device) and return a `Report`.
 
     `budget` bounds the whole run in seconds, skipping the slowest compile modes first; `threads` pins CPU threads
-    (default: the cores no other work is using); `profile` adds where the time goes for eager and the pick."""
+    (default: the cores no other work is using); `profile` adds where the time goes for eager and the pick.
+    `with_` names our fixes (`fullgraph.diagnose.fixes.FIXES`: "nms", "dynamic_output_shapes") to measure: every
+    row runs again with them applied ("eager bf16 with nms"), timed beside it, and the graph breaks are read again
+    with them, per dtype."""
+    with_ = fixes.check_with(with_)
     start = time.monotonic()
     deadline = start + budget if budget else None
     say = progress or (lambda msg: None)
@@ -130,6 +149,7 @@ def doctor(
         notes += lint_notes
 
         say("graph breaks: compiling with a recording backend")
+        failed: list[str] = []
         capture_s = time.monotonic()
         # Breaks and recompiles are read in the inputs' dtype: a float32 model given bf16 inputs runs as bf16.
         traced = _in_dtype(model, example.floating_dtype())
@@ -139,8 +159,9 @@ def doctor(
             say("recompiles: calling again" + (f", varying {', '.join(vary)}" if vary else ""))
             recompiles += dynamo.capture_recompiles(compiled, _variants(example, vary, notes))
         except Exception as e:  # Dynamo cannot trace it at all: that is the finding; eager is still measured
-            notes.append(f"Dynamo failed on this model: {env.first_line(e, 300)}")
+            failed.append(f"Dynamo failed on this model: {env.first_line(e, 300)}")
             rec, recompiles = dynamo.Recorder(), []
+        notes += failed
         capture_s = time.monotonic() - capture_s
 
         with torch.no_grad():
@@ -151,10 +172,15 @@ def doctor(
         # configuration below compiles the same code objects again: raise the limit for those, so none silently
         # falls back to eager.
         stack.enter_context(dynamo.room_for_recompiles())
+        applied_breaks = []
+        if with_:
+            say(f"graph breaks with {'+'.join(with_)}: compiling again")
+            applied_breaks = _capture_with(model, example, dtypes, with_)
         remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         cands, skipped = cfg.plan(modes, dtypes, remaining, capture_s)
         if skipped:
             notes.append(f"--budget {budget:g} s: skipped {', '.join(skipped)} (slowest first)")
+        cands = [row for c in cands for row in (c, *cfg.with_fixes([c], with_))]  # each row beside its twin
 
         def prepare(c: cfg.Candidate) -> None:
             say(f"{c.name}: {'first call' if c.mode == 'eager' else 'compiling'}")
@@ -209,6 +235,9 @@ def doctor(
         breakdowns=breakdowns,
         output=captured.summary(),
         timing=timing,
+        fixes=fixes.offers([*breaks, *(b for c in applied_breaks for b in c.graph_breaks)], configs, failed),
+        applied=list(with_),
+        applied_breaks=applied_breaks,
     )
     return dataclasses.replace(report, checklist=build_checklist(report, vary, gpu))
 

@@ -23,6 +23,7 @@ import torch
 
 from fullgraph.compile.options import dynamo_config_name
 from fullgraph.compile.stats import last_record, recompiles_since
+from fullgraph.diagnose import fixes
 from fullgraph.diagnose.inputs import Example
 from fullgraph.diagnose.report import GraphBreak, Recompile
 
@@ -105,10 +106,19 @@ def _registry_entry(reason: str) -> tuple[str, str, str]:
     return gb_id, entry.get("Gb_type", gb_type if gb_id else ""), hint
 
 
+def _ours(frames: Sequence[str], reason: str, fix: str) -> dict:
+    """A break's fix and code: ours where one of our fixes removes it (diagnose.fixes), else `fix`."""
+    names = fixes.for_break(frames, reason)
+    if not names:
+        return {"fix": fix}
+    return {"fix": fixes.break_fix(names), "fixes": names, "code": fixes.code(names)}
+
+
 def _break_from(reason_obj) -> GraphBreak:
     frame = reason_obj.user_stack[-1] if reason_obj.user_stack else None
     reason = reason_obj.reason or ""
     gb_id, gb_type, hint = _registry_entry(reason)
+    frames = [f"{f.filename}:{f.name}" for f in reason_obj.user_stack or ()]
     return GraphBreak(
         file=frame.filename if frame else "",
         line=frame.lineno if frame else 0,
@@ -118,7 +128,7 @@ def _break_from(reason_obj) -> GraphBreak:
         gb_id=gb_id,
         gb_type=gb_type,
         hint=hint,
-        fix=_first_match(BREAK_FIXES, reason),
+        **_ours(frames, reason, _first_match(BREAK_FIXES, reason)),
     )
 
 
@@ -168,6 +178,7 @@ _SECOND = "*** While handling this graph break, another graph break occurred: **
 _SKIP_WHY = {"graph break in loop": "a graph break inside a loop, where Dynamo cannot resume"}
 _FRAME = re.compile(r"frame skipped: (\w+)")  # Dynamo's debug context names the function it skipped
 _CALLER = re.compile(r", in (\w+)\n")  # else the innermost frame of the user code traceback
+_TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<function>\w+)')
 
 
 def _own_text(section: str) -> str:
@@ -185,21 +196,24 @@ def _break_from_log(message: str) -> GraphBreak | None:
     file, line, text = m["file"], int(m["line"]), m["reason"]
     skipped = _SKIPPED in text
     first, _, second = text.split("Graph break encountered:", 1)[-1].partition(_SECOND) if skipped else (text, "", "")
+    frames = [f"{f['file']}:{f['function']}" for f in _TRACEBACK_FRAME.finditer(first)]  # the break's own stack
     first = _own_text(first)
     gb_id, gb_type, hint = _registry_entry(first)
     title = first.splitlines()[0].strip() if first else ""
-    fix = _first_match(BREAK_FIXES, first)
+    ours = _ours(frames, first, _first_match(BREAK_FIXES, first))
     why = ""
     if skipped:
         cause = _own_text(second).splitlines()[0].strip() if second.strip() else ""
         why = f"{_SKIP_WHY.get(cause, cause or 'Dynamo could not resume after a graph break')}: {title} at line {line}"
         if cause in _SKIP_WHY:
-            fix += "; it breaks inside a loop, so Dynamo gives up on the whole function: move it out of the loop"
+            ours["fix"] += (
+                "; it breaks inside a loop, so Dynamo gives up on the whole function: move it out of the loop"
+            )
     named = _FRAME.search(text) or next(reversed(list(_CALLER.finditer(text + "\n"))), None)
     function = named[1] if named else ""
     return GraphBreak(
         file=file, line=line, function=function, source=linecache.getline(file, line).strip(), reason=title,
-        gb_id=gb_id, gb_type=gb_type, hint=hint, fix=fix, skipped=why,
+        gb_id=gb_id, gb_type=gb_type, hint=hint, skipped=why, **ours,
     )  # fmt: skip
 
 

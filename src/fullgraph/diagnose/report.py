@@ -14,6 +14,8 @@ from fullgraph.diagnose.schema import (
     ChecklistItem,
     ConfigResult,
     Finding,
+    FixCapture,
+    FixOffer,
     GraphBreak,
     Recommendation,
     Recompile,
@@ -32,6 +34,7 @@ class Report(ReportData):
 
 
 __all__ = [
-    "SCHEMA_VERSION", "ChecklistItem", "ConfigResult", "Finding", "GraphBreak", "Recommendation", "Recompile",
+    "SCHEMA_VERSION", "ChecklistItem", "ConfigResult", "Finding", "FixCapture", "FixOffer", "GraphBreak",
+    "Recommendation", "Recompile",
     "Report", "ReportData", "break_count", "break_summary", "plural",
 ]  # fmt: skip

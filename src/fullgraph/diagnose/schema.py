@@ -45,6 +45,8 @@ class GraphBreak:
     fix: str  # ours
     count: int = 1  # times this place broke the graph in one call (a break in a per-image loop: once per image)
     skipped: str = ""  # why Dynamo skipped the whole function and ran it eagerly here; "" for an ordinary break
+    fixes: list[str] = field(default_factory=list)  # our fixes that remove it (diagnose.fixes: the --with names)
+    code: str = ""  # the code that applies them, where there are any
 
 
 def plural(n: int, word: str) -> str:
@@ -108,12 +110,22 @@ class ConfigResult:
     # fraction the row must reach; None for other outputs, judged by rel_err alone.
     matched: float | None = None
     matched_min: float | None = None
+    fixes: list[str] = field(default_factory=list)  # our fixes the row ran with (--with); never recommended
 
     @property
     def ok(self) -> bool:
         if self.error is None and self.matched is not None:
             return self.matched >= (self.matched_min or 1.0)
         return self.error is None and self.rel_err is not None and self.rel_err <= (self.tolerance or 0.0)
+
+    @property
+    def outcome(self) -> str:
+        """ "failed", or "1.53 ms, 100.0% matched, ok": how the row came out, in a few words."""
+        if self.error is not None:
+            return "failed"
+        if self.median_ms is None:
+            return "not timed"
+        return f"{self.median_ms:.3g} ms, {self.check or 'not checked'}, {'ok' if self.ok else 'over tolerance'}"
 
     @property
     def check(self) -> str:
@@ -138,6 +150,30 @@ class Recommendation:
         if not self.speedup or not self.baseline or self.baseline == self.config:
             return ""
         return f"{self.speedup:.2f}x {self.baseline}"
+
+
+@dataclass(frozen=True)
+class FixOffer:
+    """One of our fixes (diagnose.fixes) for something in this report, with the code that applies it."""
+
+    name: str  # the --with / with_= name
+    what: str  # what applying it does
+    code: str
+    reasons: list[str] = field(default_factory=list)  # what it is offered for here: break places, failed rows
+
+
+@dataclass(frozen=True)
+class FixCapture:
+    """Graph breaks read again with the report's `applied` fixes on, in one dtype, as the report's own are read."""
+
+    dtype: str
+    graph_count: int = 0
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    error: str | None = None  # Dynamo failed on the model with the fixes on
+
+    @property
+    def break_summary(self) -> str:
+        return break_summary(self.graph_count, self.graph_breaks)
 
 
 @dataclass(frozen=True)
@@ -167,6 +203,9 @@ class ReportData:
     breakdowns: list[Breakdown] = field(default_factory=list)  # eager and the recommended row, profiled
     output: list[str] = field(default_factory=list)  # one line per kind of output the model or libraries printed
     timing: dict[str, Any] = field(default_factory=dict)  # how rows were timed: threads, rounds, method
+    fixes: list[FixOffer] = field(default_factory=list)  # our fixes for the breaks and failures above
+    applied: list[str] = field(default_factory=list)  # the fixes rows "... with NAME" ran with (with_=, --with)
+    applied_breaks: list[FixCapture] = field(default_factory=list)  # breaks read with `applied` on, per dtype
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -190,6 +229,16 @@ class ReportData:
         """ "8 graph breaks at 2 places": the count, then the places in the code."""
         return break_summary(self.graph_count, self.graph_breaks)
 
+    @property
+    def fix_pairs(self) -> list[tuple[ConfigResult, ConfigResult]]:
+        """(row as written, the same row run with the `applied` fixes), for every row run both ways."""
+
+        def key(c: ConfigResult) -> tuple:
+            return c.mode, c.dtype, tuple(c.ops.items()), c.rewrites_off
+
+        plain = {key(c): c for c in self.configs if not c.fixes}
+        return [(plain[key(c)], c) for c in self.configs if c.fixes and key(c) in plain]
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["graph_break_count"], d["graph_break_places"] = self.graph_break_count, len(self.breaks)
@@ -211,6 +260,11 @@ class ReportData:
         d["configs"] = [ConfigResult(**c) for c in d.get("configs", [])]
         d["checklist"] = [ChecklistItem(**c) for c in d.get("checklist", [])]
         d["breakdowns"] = [Breakdown.from_dict(b) for b in d.get("breakdowns", [])]
+        d["fixes"] = [FixOffer(**f) for f in d.get("fixes", [])]
+        d["applied_breaks"] = [
+            FixCapture(**{**c, "graph_breaks": [GraphBreak(**g) for g in c["graph_breaks"]]})
+            for c in d.get("applied_breaks", [])
+        ]
         if d.get("recommendation") is not None:
             d["recommendation"] = Recommendation(**d["recommendation"])
         return cls(**d)

@@ -79,6 +79,10 @@ def _blocks(r: Report) -> Iterator[RenderableType]:
     yield Text()
     yield from _recommendation(r)
     yield Text()
+    fixes = list(_fixes(r))
+    yield from fixes
+    if fixes:
+        yield Text()
     yield from _breaks(r)
     yield Text()
     yield from _recompiles(r)
@@ -187,6 +191,30 @@ def _breaks(r: Report) -> Iterator[RenderableType]:
         if g.hint and g.hint != g.fix:
             yield _indented(Text(f"torch's hint: {g.hint}", style="dim"), 4)
         yield _indented(Text.assemble(("fix: ", "green"), g.fix), 4)
+        if g.code:
+            yield _indented(Text(g.code, style="cyan"), 6)
+
+
+def _fixes(r: Report) -> Iterator[RenderableType]:
+    """Our fixes offered for this report, then, when the run applied some (--with), what they measured."""
+    if r.fixes:
+        yield _title(f"our fixes: {', '.join(f.name for f in r.fixes)}")
+    for f in r.fixes:
+        yield _indented(Text.assemble((f.name, "bold green"), f": {f.what}"))
+        yield from (_indented(Text(f"for: {why}"), 4) for why in f.reasons)
+        yield _indented(Text(f.code, style="cyan"), 4)
+    if not r.applied:
+        return
+    names = "+".join(r.applied)
+    yield _title(f"measured with {names}") + Text(f' (rows "... with {names}", timed with the rows as written)', "dim")
+    for c in r.applied_breaks:
+        counted = f"Dynamo failed: {c.error}" if c.error else c.break_summary
+        yield _indented(Text(f"graph breaks, {c.dtype}: {counted} (as written: {r.break_summary})"))
+        for g in c.graph_breaks:
+            yield _indented(Text.assemble((_where(g.file, g.line), "bold"), f" in {g.function}: {g.reason}"), 4)
+            yield _indented(Text.assemble(("fix: ", "green"), g.fix), 6)
+    for before, after in r.fix_pairs:
+        yield _indented(Text(f"{before.name}: {before.outcome} -> {after.name}: {after.outcome}"))
 
 
 def _recompiles(r: Report) -> Iterator[RenderableType]:
