@@ -193,7 +193,14 @@ SUITES = {
         "replica processes with empty local caches against one Redis: first output, remote hits, compile time saved",
         [
             ("--replicas", {"type": int, "default": 4, "help": "replica processes per variant (default 4)"}),
-            ("--variants", {"help": "sequential (one after another), together (all at once); default both"}),
+            (
+                "--variants",
+                {
+                    "help": "cold (no remote cache: the baseline), sequential (one after another), together "
+                    "(all at once), published (fullgraph.deploy.serve from published code); "
+                    "default all four"
+                },
+            ),
             ("--model", {"help": "as coldstart's --model (default vit_b16 on GPU, vit_mini on CPU)"}),
             ("--batch", {"type": int, "help": "batch size (default 4 on GPU, 2 on CPU)"}),
             ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),

@@ -20,6 +20,10 @@ which cache folder it sees (empty for a cold compile, filled for a warm one). Th
 - `load-precompiled`: build the model, `load_precompiled(--precompiled, model)` and a first call; where the preset
   runs CUDA graphs (reduce-overhead, on a GPU), the calls go through `fullgraph.compile.GraphedCall`, which captures
   from the second call on.
+- `publish`: build the model and `fullgraph.deploy.publish` its precompiled code for the preset to the fleet's Redis
+  (FULLGRAPH_REMOTE_CACHE and _KEY; a setup step: `fullgraph cache warm` on one machine);
+- `serve`: build the model, `fullgraph.deploy.serve` (the published code fetched, checked and loaded, or the
+  fallback compile) and a first call, timed together as `first_call_s`; `how` says which ran.
 
 Phases: `device_s` the inputs put on the device (the device's own start-up: CUDA's context on a GPU), `build_s`
 the model built and its weights on the device, `load_s` the file loaded, `first_call_s` from `fullgraph.compile`
@@ -64,7 +68,17 @@ from fullgraph.env import first_line
 from fullgraph.errors import UsageError
 from fullgraph.timing import first_call, measure
 
-ACTIONS = ("compile", "load-cache", "load-package", "load-precompiled", "save-cache", "export", "save-precompiled")
+ACTIONS = (
+    "compile",
+    "load-cache",
+    "load-package",
+    "load-precompiled",
+    "save-cache",
+    "export",
+    "save-precompiled",
+    "publish",
+    "serve",
+)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # torch's counters that say whether a compile came from the caches (torch._dynamo.utils.counters[group][key]).
 COUNTERS = (
@@ -143,6 +157,8 @@ def prepare(action: str) -> None:
     if action != "load-package":
         import fullgraph.compile.compiled  # noqa: F401
         from fullgraph.deploy import build, cache, precompile  # noqa: F401
+    if action in ("publish", "serve"):
+        from fullgraph.deploy import published  # noqa: F401
 
 
 def _replays(preset: str) -> bool:
@@ -155,6 +171,16 @@ def _counters() -> dict[str, int]:
         return {key: 0 for _, key in COUNTERS}
     counters = torch._dynamo.utils.counters
     return {key: int(counters[group][key]) for group, key in COUNTERS}
+
+
+def _started(clock: _Clock, make: Callable[[], Callable[..., Any]], inputs: tuple[Any, ...]) -> tuple[Any, Any, float]:
+    """(fn, its first output, seconds): `make()` (a compile, or a fetch and load) and the first call, timed together
+    from a synchronized start to the synchronized first output."""
+    clock.sync()
+    start = time.perf_counter()
+    fn = make()
+    _, out = first_call(lambda: fn(*inputs), clock.device)
+    return fn, out, time.perf_counter() - start
 
 
 def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -188,7 +214,21 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         clock.time("save_s", lambda: precompile.save_precompiled(model, inputs, path, options=options))
         report["file_bytes"] = os.path.getsize(path)
         return
-    if args.action == "load-precompiled":
+    if args.action == "publish":
+        from fullgraph.deploy import published
+
+        model = clock.time("build_s", lambda: _build(args, device, dtype))
+        key, size = clock.time("publish_s", lambda: published.publish(model, inputs, preset=args.preset))
+        report.update(key=key, file_bytes=size)
+        return
+    if args.action == "serve":
+        from fullgraph.deploy import published
+
+        model = clock.time("build_s", lambda: _build(args, device, dtype))
+        report["load_s"] = 0.0  # the fetch and load are part of the first call's window, as a replica sees them
+        fn, out, first_s = _started(clock, lambda: published.serve(model, inputs, preset=args.preset), inputs)
+        report["how"] = fn.how
+    elif args.action == "load-precompiled":
         model = clock.time("build_s", lambda: _build(args, device, dtype))
         fn = clock.time("load_s", lambda: precompile.load_precompiled(_need(args, "precompiled"), model))
         if device.type == "cuda" and _replays(args.preset):
@@ -201,11 +241,7 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
             clock.time("load_s", lambda: cache.load_cache(path, preset=args.preset, signature=signature))
         else:
             report["load_s"] = 0.0
-        clock.sync()
-        start = time.perf_counter()
-        fn = fullgraph.compile(model, args.preset)
-        _, out = first_call(lambda: fn(*inputs), device)
-        first_s = time.perf_counter() - start
+        fn, out, first_s = _started(clock, lambda: fullgraph.compile(model, args.preset), inputs)
     if args.action == "save-cache":
         _finish(args, report, fn, inputs, device, first_s, out, timed=False)
         path = _need(args, "cache")

@@ -1,4 +1,5 @@
 import argparse
+import json
 
 import pytest
 
@@ -23,13 +24,48 @@ def test_arguments_are_checked():
 
 
 @pytest.mark.slow
-def test_later_replicas_have_no_remote_fx_graph_misses(redis):
-    """Two fresh processes with empty local caches (a CPU compile of a 1-block ViT is ~40 s each on 2 cores): the
-    second one's FX graph comes from Redis."""
-    rows, table, failure = fleet.run(_args(remote=f"redis://:{redis.password}@127.0.0.1:{redis.port}/0"),
+def test_later_replicas_have_no_remote_fx_graph_misses_and_published_replicas_compile_nothing(redis):
+    """Fresh processes with empty local caches (a CPU compile of a 1-block ViT is ~15-40 s each on 2 cores): the
+    second sequential replica's FX graph comes from Redis; after one process published the precompiled code, each
+    published replica runs it (no frame compiled: no FX-graph lookup at all) and matches eager fp32."""
+    url = f"redis://:{redis.password}@127.0.0.1:{redis.port}/0"
+    rows, table, failure = fleet.run(_args(remote=url, variants="sequential,published"),
                                      fleet.Sources(None, lambda msg: None))  # fmt: skip
     assert failure is None, table
     value = {(r.variant, r.metric): r.value for r in rows}
     assert value[("sequential-2", "fxgraph_cache_hit")] == 1 and value[("sequential-2", "fxgraph_cache_miss")] == 0
     assert value[("sequential-2", "remote_miss")] == 0 and value[("sequential-2", "remote_refused")] == 0
     assert value[("sequential-1", "remote_put")] >= 1 and value[("sequential-2", "rel_err")] < 1e-4
+    how = {r.variant: json.loads(r.params).get("how") for r in rows if r.metric == "ok"}
+    assert how["published-1"] == how["published-2"] == "published precompiled code"
+    for name in ("published-1", "published-2"):
+        assert value[(name, "fxgraph_cache_hit")] == value[(name, "fxgraph_cache_miss")] == 0
+        assert value[(name, "rel_err")] < 1e-4
+    # no cold variant: the first sequential replica, which compiled, is the baseline for the ratios
+    assert value[("sequential-2", "first_output_x_cold")] == pytest.approx(
+        value[("sequential-2", "first_output_s")] / value[("sequential-1", "first_output_s")]
+    )
+    assert "published precompiled code" in table and "published-0" in table
+
+
+def test_the_cold_median_is_the_baseline_and_a_fallback_is_a_failure():
+    def replica(name, first, steady, **child):
+        return {"name": name, "ok": True, "error": None, "process_s": 20.0, "remote": {}, "output": None,
+                "child": {"first_output_s": first, "median_ms": steady, **child}}  # fmt: skip
+
+    plan = fleet.plan_from(_args())
+    runs = {
+        "cold": [replica("cold-1", 10.0, 2.0), replica("cold-2", 14.0, 2.2), replica("cold-3", 12.0, 2.1)],
+        "published": [
+            replica("published-0", None, None, action="publish", file_bytes=2e6, publish_s=9.0),
+            replica("published-1", 1.2, 2.1, how="published precompiled code"),
+            replica("published-2", 11.0, 2.1, how="compiled here: no published entry"),
+        ],
+    }
+    rows, table, failure = fleet.report(plan, runs, None)
+    value = {(r.variant, r.metric): r.value for r in rows}
+    assert value[("published-1", "first_output_x_cold")] == pytest.approx(0.1)  # 1.2 s over the median 12 s
+    assert value[("published-1", "steady_x_cold")] == pytest.approx(1.0)
+    assert ("cold-1", "first_output_x_cold") not in value and ("published-0", "first_output_x_cold") not in value
+    assert failure == "published-2: not served from the published code (compiled here: no published entry)"
+    assert "cold median 12.00 s" in table and "published 2.0 MB in 9.0 s" in table

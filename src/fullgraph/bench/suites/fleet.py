@@ -5,13 +5,19 @@ Each replica is the coldstart suite's child (`fullgraph.deploy.coldstart compile
 imports no deploy code, DESIGN.md, Layers) with `fullgraph.deploy.remote.remote_cache()` turned on from
 FULLGRAPH_REMOTE_CACHE / _KEY first; after its own JSON line it prints the remote cache's counters as
 `{"remote": ...}`.
-Variants: `sequential` (the first replica compiles and fills the cache, each next one starts after the last ended:
-every later replica should have zero remote FX-graph misses, a failure otherwise) and `together` (all start at
-once: reported, not held to zero misses). Each variant gets its own Redis database. Redis is a private
-redis-server started by the command line (`Sources.redis_server`), or --remote URL. Per replica: time to first
-output, torch's FX-graph and AOTAutograd hits and misses, the remote cache's hits, misses, refusals and writes, and
-compile time saved against the first replica (on the CPU, Inductor's C++ kernels are not in the remote entry: a
-replica still compiles them).
+Variants, each in its own Redis database:
+- `cold`: replicas one after another without the remote cache: the baseline (the median of their first outputs);
+- `sequential`: through the remote caches, one after another: the first compiles and fills the cache, and every
+  later replica must have zero remote FX-graph misses (a failure otherwise);
+- `together`: through the remote caches, all at once (reported, not held to zero misses);
+- `published`: one process publishes the precompiled code (`fullgraph.deploy.publish`, what `fullgraph cache warm`
+  does), then replicas one after another start from it (`fullgraph.deploy.serve`): no trace, no compile; a replica
+  that falls back to compiling is a failure.
+Redis is a private redis-server started by the command line (`Sources.redis_server`), or --remote URL. Per replica:
+time to first output (from the model on the device to its first output, Redis fetches included: coldstart's
+`first_output_s`) and its ratio to the cold median, steady-state time and its ratio to the cold replicas', torch's
+FX-graph and AOTAutograd hits and misses, the remote cache's hits, misses, refusals and writes, and compile time
+saved (on the CPU, Inductor's C++ kernels are not in the remote entry: a replica still compiles them).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,13 +50,14 @@ from fullgraph.bench.suites.coldstart import (
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
 
-VARIANTS = ("sequential", "together")
-# The coldstart child, with the remote cache on first; its counters as a second JSON line.
+VARIANTS = ("cold", "sequential", "together", "published")
+# The coldstart child, with the remote cache on first where the environment names one; its counters as a second line.
 BOOT = (
-    "import json, sys, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
+    "import json, os, sys, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
     "import fullgraph.compile, fullgraph.deploy.coldstart as c, fullgraph.deploy.remote as r; "
-    "t2 = time.perf_counter(); fleet = r.remote_cache(); rc = c.main(sys.argv[1:], clock=(t0, t1, t2)); "
-    "print(json.dumps({'remote': fleet.stats()}), flush=True); sys.exit(rc)"
+    "t2 = time.perf_counter(); fleet = r.remote_cache() if os.environ.get(r.ENV_URL) else None; "
+    "rc = c.main(sys.argv[1:], clock=(t0, t1, t2)); "
+    "print(json.dumps({'remote': fleet.stats() if fleet else {}}), flush=True); sys.exit(rc)"
 )
 
 
@@ -76,12 +84,17 @@ def _remote_line(stdout: str) -> dict[str, Any]:
     return json.loads(lines[-1])["remote"] if lines else {}
 
 
-def _start(name: str, plan: Plan, work: str, url: str, key: str) -> tuple[str, subprocess.Popen, float]:
-    argv = [sys.executable, "-c", BOOT, "compile", "--build", plan.spec.build, "--build-kwargs",
+def _start(name: str, plan: Plan, work: str, url: str | None, key: str,
+           action: str = "compile") -> tuple[str, subprocess.Popen, float]:  # fmt: skip
+    """A fresh replica process running coldstart's `action`, with its own empty local caches; through the remote
+    cache at `url` (signed with `key`), or without one for None."""
+    argv = [sys.executable, "-c", BOOT, action, "--build", plan.spec.build, "--build-kwargs",
             json.dumps(plan.build_kwargs), "--inputs", os.path.join(work, "inputs.pt"), "--device", plan.device,
             "--dtype", plan.dtype, "--preset", plan.preset, "--reps", str(plan.reps),
             "--out", os.path.join(work, f"{name}.out.pt")]  # fmt: skip
-    env = {**child_env(work, f"inductor-{name}"), "FULLGRAPH_REMOTE_CACHE": url, "FULLGRAPH_REMOTE_CACHE_KEY": key}
+    env = child_env(work, f"inductor-{name}")
+    if url is not None:
+        env.update(FULLGRAPH_REMOTE_CACHE=url, FULLGRAPH_REMOTE_CACHE_KEY=key)
     env["FULLGRAPH_CACHE_DIR"] = os.path.join(work, f"fullgraph-{name}")
     pipe = subprocess.PIPE
     proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, text=True,
@@ -110,55 +123,89 @@ def _finish(started: tuple[str, subprocess.Popen, float], work: str, timeout: fl
 
 
 def run_variant(variant: str, plan: Plan, work: str, url: str, key: str, n: int, say) -> list[dict[str, Any]]:
+    """The replicas of one variant, finished (the published variant's publisher first, as replica 0)."""
     names = [f"{variant}-{i + 1}" for i in range(n)]
-    if variant == "sequential":
-        done = []
-        for name in names:
-            say(f"{name}: a fresh process with an empty local cache")
-            done.append(_finish(_start(name, plan, work, url, key), work, plan.timeout))
-        return done
-    say(f"{variant}: {n} fresh processes at once")
-    started = [_start(name, plan, work, url, key) for name in names]
-    return [_finish(s, work, plan.timeout) for s in started]
+    if variant == "together":
+        say(f"{variant}: {n} fresh processes at once")
+        started = [_start(name, plan, work, url, key) for name in names]
+        return [_finish(s, work, plan.timeout) for s in started]
+    done = []
+    if variant == "published":
+        say(f"{variant}-0: publishing the precompiled code (fullgraph.deploy.publish)")
+        done.append(_finish(_start(f"{variant}-0", plan, work, url, key, action="publish"), work, plan.timeout))
+        if not done[0]["ok"]:
+            return done
+    action = {"published": "serve"}.get(variant, "compile")
+    for name in names:
+        say(f"{name}: a fresh process with an empty local cache" + (", no remote cache" if variant == "cold" else ""))
+        done.append(_finish(_start(name, plan, work, None if variant == "cold" else url, key, action), work,
+                            plan.timeout))  # fmt: skip
+    return done
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _baseline(runs: dict[str, list[dict[str, Any]]], metric: str) -> float | None:
+    """The cold replicas' median of `metric`; without a cold variant, the first sequential replica's (it compiled)."""
+    cold = runs.get("cold") or runs.get("sequential", [])[:1]
+    return _median([r["child"][metric] for r in cold if r["ok"] and r["child"].get(metric) is not None])
 
 
 def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple[list[Result], str, str | None]:
     rows: list[Result] = []
     table, failures = [], []
+    cold_first, cold_steady = _baseline(runs, "first_output_s"), _baseline(runs, "median_ms")
     for variant, done in runs.items():
-        cold = done[0]["child"].get("first_call_s")
         for i, r in enumerate(done):
             c, remote = r["child"], r["remote"]
+            publisher = c.get("action") == "publish"
             counters = c.get("counters") or {}
-            first = c.get("first_call_s")
-            saved = cold - first if cold is not None and first is not None and i else None
+            first, steady = c.get("first_output_s"), c.get("median_ms")
+            replica = not publisher and variant != "cold"
+            ratio = first / cold_first if replica and first is not None and cold_first else None
+            steady_ratio = steady / cold_steady if replica and steady is not None and cold_steady else None
+            saved = cold_first - first if ratio is not None else None
             err = rel_err(r["output"], expected)
             metrics: dict[str, tuple[float, str]] = {"ok": (float(r["ok"]), ""), "process_s": (r["process_s"], "s")}
-            for k in ("first_output_s", "first_call_s", "import_torch_s", "import_fullgraph_s", "median_ms"):
+            for k in ("first_output_s", "first_call_s", "import_torch_s", "import_fullgraph_s", "median_ms",
+                      "publish_s"):  # fmt: skip
                 if c.get(k) is not None:
                     metrics[k] = (c[k], "ms" if k.endswith("_ms") else "s")
             metrics.update({k: (float(v), "") for k, v in counters.items()})
             metrics.update(
                 {f"remote_{k}": (float(remote[k]), "") for k in ("hit", "miss", "refused", "put") if k in remote}
             )
-            if saved is not None:
-                metrics["compile_saved_s"] = (saved, "s")
-            if err is not None:
-                metrics["rel_err"] = (err, "")
+            for k, v in (("compile_saved_s", saved), ("first_output_x_cold", ratio), ("steady_x_cold", steady_ratio),
+                         ("rel_err", err)):  # fmt: skip
+                if v is not None:
+                    metrics[k] = (v, "s" if k.endswith("_s") else "")
             params = {"model": plan.model, "batch": plan.batch, "dtype": plan.dtype, "preset": plan.preset,
-                      "replicas": len(done), **({"error": r["error"]} if r["error"] else {})}  # fmt: skip
+                      "replicas": len(done), **({"error": r["error"]} if r["error"] else {}),
+                      **({"how": c["how"]} if c.get("how") else {})}  # fmt: skip
             rows += make_rows("fleet", plan.point, r["name"], metrics, params)
             misses = remote.get("by_cache", {}).get("fx-graph-v1.miss", 0)
-            if variant == "sequential" and i and (misses or not r["ok"]):
-                failures.append(f"{r['name']}: {r['error'] or f'{misses} remote FX-graph misses'}")
-            table.append([r["name"], c.get("first_output_s"), saved,
+            if not r["ok"]:
+                failures.append(f"{r['name']}: {r['error']}")
+            elif variant == "sequential" and i and misses:
+                failures.append(f"{r['name']}: {misses} remote FX-graph misses")
+            elif variant == "published" and not publisher and not str(c.get("how", "")).startswith("published"):
+                failures.append(f"{r['name']}: not served from the published code ({c.get('how')})")
+            status = "ok" if r["ok"] else f"failed: {r['error']}"
+            if publisher and r["ok"]:
+                status = f"published {c.get('file_bytes', 0) / 1e6:.1f} MB in {c.get('publish_s', 0):.1f} s"
+            elif c.get("how"):
+                status = c["how"]
+            table.append([r["name"], first, ratio, steady, steady_ratio,
                           f"{counters.get('fxgraph_cache_hit', '-')}/{counters.get('fxgraph_cache_miss', '-')}",
                           f"{counters.get('autograd_cache_hit', '-')}/{counters.get('autograd_cache_miss', '-')}",
                           f"{remote.get('hit', '-')}/{remote.get('miss', '-')}/{remote.get('refused', '-')}",
-                          remote.get("put"), err, "ok" if r["ok"] else f"failed: {r['error']}"])  # fmt: skip
-    headers = ["replica", "1st output s", "compile saved s", "FX hit/miss", "AOT hit/miss",
+                          remote.get("put"), err, status])  # fmt: skip
+    headers = ["replica", "1st output s", "x cold", "steady ms", "x cold", "FX hit/miss", "AOT hit/miss",
                "remote hit/miss/refused", "remote puts", "rel err vs fp32", "status"]  # fmt: skip
-    about = f"{plan.point}: each replica a fresh process with an empty local cache, one Redis"
+    base = f"cold median {cold_first:.2f} s" if cold_first is not None else "no cold replica finished"
+    about = f"{plan.point}: each replica a fresh process with an empty local cache, one Redis; {base}"
     return rows, "\n".join([about, format_table(headers, table)]), "; ".join(failures) or None
 
 
@@ -180,7 +227,7 @@ def run(args, sources: Sources) -> tuple[list[Result], str, str | None]:
 
 
 class _given(AbstractContextManager):
-    """--remote URL: a Redis the user runs (its databases 0 and 1 are used, one per variant)."""
+    """--remote URL: a Redis the user runs (databases 0 to 3 are used, one per variant)."""
 
     def __init__(self, url: str):
         self.url, self.password = url, None
