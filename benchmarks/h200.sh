@@ -2,7 +2,7 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo fleet
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -151,6 +151,16 @@ for step in $steps; do
       ;;
     grad-mode)
       $py benchmarks/probes/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"
+      ;;
+    fleet)  # issue 35: replicas against one Redis (cold, sequential, together, published), timm ViT-B/16 b4 bf16
+      # perception. The image has no Redis: carry .gpu/ (Debian's redis-server, redis-tools, libjemalloc2 and
+      # liblzf1 unpacked with dpkg -x into .gpu/redis, the pure-Python `redis` client in .gpu/py). ~1 min a cold
+      # replica: FLEET_ARGS="--replicas 3" (the default 4 x 4 variants is past one 10-minute call).
+      export PATH="$PWD/.gpu/redis/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.gpu/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/py"
+      redis-server --version || { echo "fleet: no redis-server (carry .gpu)"; continue; }
+      $py -m fullgraph bench fleet ${FLEET_ARGS:---replicas 3} --csv "$OUT/fleet_h200.csv" 2>&1 \
+        | tee "$OUT/fleet_h200.txt" | grep -v '^\[' | tail -25
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
