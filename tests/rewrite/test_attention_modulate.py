@@ -98,6 +98,11 @@ def test_attention_follows_the_ops_policy_and_auto_keeps_sdpa_in_fp32(triton_dev
         out, cm = run(model, x)
     assert cm.stats.rewrite_counts() == {"attention_kernel": 1}
     assert close_to(out, reference(model, x))
+    causal = GroupedQuery().eval().to(triton_device)
+    _, cm = run(causal, torch.randn(2, 13, 32, device=triton_device))
+    assert [s.reason.split(" (")[0] for s in cm.stats.rewrites_skipped] == [
+        "auto: causal and grouped-query attention were not measured in a graph"
+    ]
     with fullgraph.ops.policy(attention="native"):  # native stops it, even forced
         _, cm = run(model, x, rewrites=["attention_kernel"])
     assert cm.stats.rewrites == ()

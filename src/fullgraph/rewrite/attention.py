@@ -8,8 +8,9 @@ measured dispatch say so: one vocabulary with our own ops (`fullgraph.ops.policy
 - `auto` (the default): where `fullgraph.ops.attention`'s compiled dispatch (`compiled_auto`) picks our kernel for
   this call: today only in code replayed from CUDA graphs, in bf16/fp16, at the head dims it was measured at (64,
   128), with q up to 2^20 elements on the H200 (`ops/measured.py`, GRAPHED_KERNEL_MAX_NUMEL: timm-weight ViT-B/16
-  at batch 4 under perception, 0.570 ms with it against 0.615 with torch's SDPA); everywhere else torch's SDPA
-  stays, which is what the dispatch would run.
+  at batch 4 under perception, 0.570 ms with it against 0.615 with torch's SDPA), for non-causal attention with
+  as many key/value heads as query heads (what was measured: a decoder's causal or grouped-query attention was
+  not); everywhere else torch's SDPA stays.
 
 Left alone: dropout (training), an argument that is symbolic or not a plain value, and a q/k/v that requires grad
 (our kernel has no backward: call the model under `torch.no_grad()` or `torch.inference_mode()`, as a server does).
@@ -93,6 +94,8 @@ class AttentionKernel(PatternRewrite):
             return f"our kernel cannot serve this call: {why}"
         if effective("attention") == Policy.KERNEL.value or context.forced:
             return None
+        if spec.causal or spec.hq != spec.hkv:
+            return "auto: causal and grouped-query attention were not measured in a graph (policy kernel forces it)"
         q = value(a["query"])
         fit = measured.graphed_kernel_fits("attention", q.device, q.numel())
         if compiled_auto(spec, q.device, fit) == "triton":
