@@ -204,3 +204,24 @@ def test_modulation_auto_asks_the_decision_data_with_the_models_head_dim(monkeyp
     # the modulated norms stay native; the LayerNorm alone under its own kernel policy takes our norm kernel
     assert cm.stats.rewrite_counts() == {"layer_norm_kernel": 2}
     assert "op layer_norm_modulate's policy is native" in {s.reason for s in cm.stats.rewrites_skipped}
+
+
+@pytest.mark.parametrize(
+    ("heads", "dtype", "applied"),
+    [(1, torch.float16, True), (4, torch.float16, False), (1, torch.float32, False)],
+    ids=["hd64-fp16", "hd16", "fp32"],
+)
+def test_attention_auto_follows_the_graphed_measurement(monkeypatch, triton_device, heads, dtype, applied):
+    """Auto takes our kernel where the dispatch's measured rule does (under CUDA graphs, at a size it fits: stood
+    in for here), only at a measured head dim (64 or 128) and in half precision (fp16 here: tl.dot in bf16 is wrong
+    under Triton's interpreter, tests/kernels/test_flash_attention.py)."""
+    monkeypatch.setattr(measured, "graphed_kernel_fits", lambda op, device, numel: op == "attention")
+    torch.manual_seed(6)
+    model = SelfAttention(dim=64, heads=heads).eval().to(triton_device, dtype)
+    x = torch.randn(2, 9, 64, device=triton_device, dtype=dtype)
+    out, cm = run(model, x)
+    assert (cm.stats.rewrite_counts() == {"attention_kernel": 1}) is applied
+    if not applied:
+        assert [s.reason.split(" (")[0] for s in cm.stats.rewrites_skipped] == ["auto: torch's SDPA here"]
+    ref = reference(model, x)
+    assert (out.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()  # fp16: its rounding
