@@ -109,9 +109,11 @@ def test_attention_takes_our_kernel_only_for_short_inputs_under_cuda_graphs(monk
     monkeypatch.setattr(measured, "gpu_name", lambda index: "Unmeasured GPU")
     with replay.replayed():
         assert not measured.graphed_kernel_fits("attention", gpu, vit_b4)
-    q = torch.randn(1, 2, 5, 64)  # a head dim our kernel was measured at (64, 128)
+    q = torch.randn(1, 2, 5, 64, dtype=torch.bfloat16)  # a head dim (64, 128) and a precision it was measured at
     spec = spec_of(q, q, None, False)
     assert compiled_auto(spec, q.device) == "sdpa"
     assert compiled_auto(spec, q.device, graphed_fit=True) == ("sdpa" if serve_reason("triton", *spec) else "triton")
+    full = q.float()  # fp32: not measured (our kernel's exact fp32 products run without tensor cores)
+    assert compiled_auto(spec_of(full, full, None, False), q.device, graphed_fit=True) == "sdpa"
     odd = torch.randn(1, 2, 5, 72)  # not measured there: never ours, even where the size fits
     assert compiled_auto(spec_of(odd, odd, None, False), odd.device, graphed_fit=True) == "sdpa"
