@@ -97,6 +97,15 @@ SUITES = {
             ),
             ("--config", {"help": "dit_s, dit_b, dit_xl or dit_3072 (default dit_3072 on GPU, a small one on CPU)"}),
             ("--depth", {"type": int, "help": "blocks (default: the config's)"}),
+            (
+                "--rope",
+                {
+                    "choices": ["1d", "video"],
+                    "default": "1d",
+                    "help": "RoPE positions: 1d, or video (N/1024 frames of 32x32 tokens; one --tokens count, a "
+                    "multiple of 1024)",
+                },
+            ),
             ("--batch", {"type": int, "default": 1, "help": "batch size (default 1)"}),
             ("--dtype", {"default": None, "choices": ["bf16", "fp16", "fp32"], "help": "default bf16 on GPU"}),
             ("--breakdown", {"action": "store_true", "help": "where the GPU time goes, plain and ours compiled"}),

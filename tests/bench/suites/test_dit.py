@@ -37,3 +37,23 @@ def test_extra_policies_are_checked_and_labelled_by_their_spec():
         suite.extra_policies("+qk_rope")
     with pytest.raises(UsageError, match="cannot read"):
         suite.extra_policies("fast")
+
+
+def test_video_rope_builds_the_grid_and_takes_one_token_count():
+    import argparse
+
+    import torch
+
+    args = argparse.Namespace(config=None, depth=1, rope="video", device="cpu", tokens="64,2048", dtype=None)
+    with pytest.raises(UsageError, match="--rope video takes one --tokens count, a multiple of 1024"):
+        suite.run(args)
+    cfg, ours, plain = suite.build(args, gpu=False, max_tokens=2048)
+    assert (cfg.rope, cfg.grid) == ("video", (2, 32, 32))
+    _, _, flat_plain = suite.build(argparse.Namespace(config=None, depth=1, rope="1d"), gpu=False, max_tokens=2048)
+    flat_plain.load_state_dict(plain.state_dict())
+    x, c = torch.randn(1, 2048, cfg.dim), torch.randn(1, cfg.dim)
+    with torch.no_grad(), torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        video, ours_video, line = plain(x, c), ours(x, c), flat_plain(x, c)
+    torch.testing.assert_close(ours_video, video, rtol=1e-4, atol=1e-5)  # the twins agree on the grid's positions
+    assert video.shape == line.shape
+    assert not torch.equal(plain.rope_cos, flat_plain.rope_cos)  # and those positions are not the 1-D ones

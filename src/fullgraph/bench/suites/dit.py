@@ -31,10 +31,12 @@ from fullgraph.bench.results import Result, make_rows
 from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context, top_kernel_lines
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
+from fullgraph.errors import UsageError
 from fullgraph.models.dit import DiT, PlainDiT, config
 from fullgraph.timing import resolve_device, round_medians
 
 ROUNDS = 5
+VIDEO_FRAME = 32 * 32  # tokens per frame of --rope video
 GPU_TOKENS = (1024, 4096, 16384)
 CPU_TOKENS = (64,)
 # variant label -> policies (FULLGRAPH_OPS syntax): every op's policy, then one op's kernel among native neighbours,
@@ -65,7 +67,9 @@ def build(args, gpu: bool, max_tokens: int):
     overrides = {} if (args.config or gpu) else {"dim": 128, "heads": 2, "depth": 2}
     if args.depth:
         overrides["depth"] = args.depth
-    cfg = config(name, rope="1d", max_tokens=max(max_tokens, 16), **overrides)
+    if getattr(args, "rope", None) == "video":  # frames of 32x32 tokens, as a video DiT's latent grid
+        overrides.update(rope="video", grid=(max_tokens // VIDEO_FRAME, 32, 32))
+    cfg = config(name, **{"rope": "1d", "max_tokens": max(max_tokens, 16), **overrides})
     torch.manual_seed(0)
     ours = DiT(cfg).eval()
     with torch.no_grad():
@@ -81,6 +85,8 @@ def run(args) -> tuple[list[Result], str]:
     gpu = device.type == "cuda"
     dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
     tokens = parse_tokens(args.tokens, gpu)
+    if getattr(args, "rope", None) == "video" and (len(tokens) != 1 or tokens[0] % VIDEO_FRAME):
+        raise UsageError(f"--rope video takes one --tokens count, a multiple of {VIDEO_FRAME} (frames of 32x32 tokens)")
     cfg, ours, plain = build(args, gpu, max(tokens))
     reference = PlainDiT(cfg).eval().to(device)  # float32: the error reference
     reference.load_state_dict(plain.state_dict())
@@ -95,13 +101,15 @@ def run(args) -> tuple[list[Result], str]:
     twin.load_state_dict(plain.state_dict())
     twin_c = torch.compile(twin, fullgraph=True, dynamic=False, mode=mode)
     extra = extra_policies(getattr(args, "policies", None))
+    base = getattr(args, "base", None)  # the POLICIES kept (a sweep keeps what its decisions and verdicts read)
+    kept = {label: spec for label, spec in POLICIES.items() if base is None or label in base}
     variants = {
         "plain, compiled": (plain_c, None),
         "plain again (second instance), compiled": (twin_c, None),
-        **{f"ours {label}, compiled": (ours_c, spec) for label, spec in {**POLICIES, **extra}.items()},
-        "ours auto, eager": (ours, "all=auto"),
-        "plain, eager": (plain, None),
+        **{f"ours {label}, compiled": (ours_c, spec) for label, spec in {**kept, **extra}.items()},
     }
+    if getattr(args, "eager", True):
+        variants |= {"ours auto, eager": (ours, "all=auto"), "plain, eager": (plain, None)}
     rows: list[Result] = []
     table = []
     # every policy of `ours` and every token count is a recompile of one forward: more than Dynamo's default 8
@@ -125,8 +133,9 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
         xd, cd = x.to(dtype), c.to(dtype)
         short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
         point = f"{cfg.dim}x{cfg.heads}h x{cfg.depth} b{args.batch} n{n} {short}" + (f" {mode}" if mode else "")
+        point += " video" if cfg.rope == "video" else ""
         params = {"dim": cfg.dim, "heads": cfg.heads, "depth": cfg.depth, "batch": args.batch, "tokens": n,
-                  "dtype": str(dtype)[6:], "mode": mode or "default"}  # fmt: skip
+                  "dtype": str(dtype)[6:], "mode": mode or "default", "rope": cfg.rope}  # fmt: skip
 
         def call(fn, pol, xd=xd, cd=cd):
             with policy_context(pol), torch.no_grad():

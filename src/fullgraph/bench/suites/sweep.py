@@ -1,9 +1,9 @@
 """Suite `sweep`: the grid of issue 32, each point in a process of its own, and the decision data it implies.
 
 Each point runs an existing suite in a child process (a fresh Dynamo and CUDA state, as a user's process starts):
-DiT points run suite `dit` (ours `auto`, `kernel`, `native` and the fusions against the plain twin, "plain again"
-as the noise floor), plus one variant per op of `DECIDED_OPS` with every op native but that op's kernel, the op
-between its real neighbours; ViT points run suite `vit` (timm, or the plain twin without timm, against ours). Both
+DiT points run suite `dit`, compiled only (ours `auto` and all `native` against the plain twin, "plain again" as the
+noise floor), plus one variant per op of `DECIDED_OPS` with every op native but that op's kernel, the op between
+its real neighbours; ViT points run suite `vit` (timm, or the plain twin without timm, against ours). Both
 compile modes, default and reduce-overhead. The rows go to the CSV as their suites write them.
 
 `--write-decisions FILE` turns the DiT points' per-op variants into the decision data format (docs/decisions.md;
@@ -43,6 +43,10 @@ DEPTH = 4
 DECIDED_OPS = ("linear_gelu", "qk_norm_rope", "layer_norm_modulate", "skinny_linear")
 NATIVE = "ours native, compiled"
 MIN_GAIN = 0.01  # a kernel must beat the native form by this much, or by the point's noise if larger
+# Of suite dit's own variants, what the sweep reads: auto (the verdict) and all native (the decisions' baseline and
+# the native-speed check). Its other policies and its eager rows are left out: each is a compile (~15 s at depth 4 on
+# the H200), and a point took 2-2.5 min with them.
+SWEEP_BASE = ("auto", "native")
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,10 @@ def _child_main(spec_json: str) -> None:
         dim, heads = (int(v) for v in p.name.split("x"))
         CONFIGS["sweep"] = DiTConfig(dim=dim, heads=heads, depth=DEPTH)  # this process's: the suite takes a name
         policies = ";".join(f"none,+{op}" for op in DECIDED_OPS)
+        rope = "video" if (dim, heads, p.batch, p.tokens) == VIDEO else "1d"
         ns = argparse.Namespace(**common, config="sweep", depth=DEPTH, batch=p.batch, tokens=str(p.tokens),
-                                mode=p.mode, dtype=dtype, policies=policies)  # fmt: skip
+                                mode=p.mode, dtype=dtype, policies=policies, base=SWEEP_BASE, eager=False,
+                                rope=rope)  # fmt: skip
         rows, text = dit.run(ns)
     else:
         from fullgraph.bench.suites import vit
