@@ -56,8 +56,11 @@ for step in $steps; do
     breakdown)
       $py benchmarks/probes/breakdown_check.py 2>&1 | tee "$OUT/breakdown_check.txt" | tail -30
       ;;
-    doctor-models)
-      $py benchmarks/doctor_models.py 2>&1 | tee "$OUT/doctor_models.txt" | tail -40
+    doctor-models)  # issue 34: the doctor on 16 third-party models, every surface checked; one part per device call:
+      # DOCTOR_MODELS_ARGS="timm bert_base" picks models or groups (`doctor_models.py --plan` prints the parts); a
+      # part starts no model past DOCTOR_MODELS_DEADLINE (540 s) and names the rest. Parts' CSVs join with --from-csv.
+      # shellcheck disable=SC2086 # a word list
+      $py benchmarks/doctor_models.py ${DOCTOR_MODELS_ARGS:-} 2>&1 | tee "$OUT/doctor_models.txt" | grep -v '^  \[' | tail -40
       ;;
     compile-presets)  # issue 12: each preset at batch 4, 1, 256 bf16 on timm ViT-B/16; plain modes at batch 4
       $py benchmarks/compile_presets.py presets --batches ${BATCHES:-4,1,256} --csv "$OUT/compile_presets_h200.csv" \

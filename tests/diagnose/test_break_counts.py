@@ -14,8 +14,10 @@ import torch
 from fullgraph.diagnose import doctor as doc
 from fullgraph.diagnose.html import render_html
 from fullgraph.diagnose.summary import format_summary
+from tests.diagnose.surfaces import counts as _counts
+from tests.diagnose.surfaces import html_sections as _sections
+from tests.diagnose.surfaces import html_text as _text
 from tests.diagnose.targets import breaks
-from tests.diagnose.test_html import _sections, _text
 
 BREAKS_ITEM = "Graph breaks analysed and removed"
 
@@ -32,11 +34,6 @@ def three_hits():
 def skipped():
     model, args = breaks.skipped()
     return doc.doctor(model, args, modes=["eager", "default"], reps=3, profile=False)
-
-
-def _counts(text: str) -> set[int]:
-    """Every number stated as a count of graph breaks in `text`."""
-    return {int(n) for n in re.findall(r"(\d+) graph breaks?\b", text)}
 
 
 def test_one_break_site_hit_three_times_is_one_count_on_every_surface(three_hits):

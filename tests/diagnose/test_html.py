@@ -30,6 +30,8 @@ from tests.diagnose.full_report import (
     full_report,
     model_path,
 )
+from tests.diagnose.surfaces import html_sections as _sections
+from tests.diagnose.surfaces import html_text as _text
 
 SECTIONS = (
     "summary",
@@ -63,16 +65,6 @@ def _tags(html: str) -> list[tuple[str, dict[str, str | None]]]:
     parser = _Elements()
     parser.feed(html)
     return parser.tags
-
-
-def _sections(html: str) -> dict[str, str]:
-    return dict(re.findall(r'<section id="([^"]+)">(.*?)</section>', html, re.S))
-
-
-def _text(fragment: str) -> str:
-    """The visible text of an HTML fragment, whitespace collapsed."""
-    inline = re.sub(r"</?(?:b|i|span|code|a)\b[^>]*>", "", fragment)
-    return " ".join(re.sub(r"<[^>]+>", " ", inline).split())
 
 
 def test_every_section_has_its_id_and_a_nav_link():
