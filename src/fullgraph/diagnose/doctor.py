@@ -9,6 +9,7 @@ example inputs are positional and keyword arguments of any structure (lists of i
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import sys
 import time
@@ -148,6 +149,9 @@ def doctor(
         findings, lint_notes = lint_target(model)
         notes += lint_notes
 
+        # --with reads the breaks again with our fixes on a copy taken now, before any call: a model that sets state
+        # on its first call (torchvision's poolers set their scales, through a break) counts as explain counts it
+        fresh = copy.deepcopy(model) if with_ and is_module else model
         say("graph breaks: compiling with a recording backend")
         failed: list[str] = []
         capture_s = time.monotonic()
@@ -175,7 +179,7 @@ def doctor(
         applied_breaks = []
         if with_:
             say(f"graph breaks with {'+'.join(with_)}: compiling again")
-            applied_breaks = _capture_with(model, example, dtypes, with_)
+            applied_breaks = _capture_with(fresh, example, dtypes, with_)
         remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         cands, skipped = cfg.plan(modes, dtypes, remaining, capture_s)
         if skipped:
