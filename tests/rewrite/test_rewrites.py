@@ -2,6 +2,8 @@
 (auto applies them on CUDA only), compared with a float64 eager reference."""
 
 import copy
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -321,3 +323,33 @@ def test_debug_shows_the_graph_before_and_after_the_rewrites(tmp_path):
     before, after = artifact(text, "before_pre_grad_graph"), artifact(text, "after_pre_grad_graph")
     assert "conv2d" in before and "_addmm_activation" not in before
     assert "conv2d" not in after and "_addmm_activation" in after
+
+
+WARM_CHILD = """
+import json, sys, torch, fullgraph
+from torch._dynamo.utils import counters
+from tests.rewrite.test_rewrites import Vitish
+torch.manual_seed(6)
+model, x = Vitish().eval(), torch.randn(2, 3, 16, 16)
+cm = fullgraph.compile(model, "dev", rewrites=["patch_gemm", "gelu_epilogue"])
+with torch.no_grad():
+    out = cm(x)
+places = sorted((a.rewrite, a.where, a.line) for a in cm.stats.rewrites)
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"], "places": places, "sum": out.sum().item()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_with_a_warm_cache_reports_the_same_rewrites(tmp_path):
+    """Issue 33: the stats are the same when the graph comes from the compile cache of an earlier process."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def child() -> dict:
+        done = subprocess.run([sys.executable, "-c", WARM_CHILD], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    cold, warm = child(), child()
+    assert cold["hit"] == 0 and warm["hit"] >= 1
+    assert warm["places"] == cold["places"] and {p[0] for p in cold["places"]} == {"patch_gemm", "gelu_epilogue"}
+    assert warm["sum"] == cold["sum"]
