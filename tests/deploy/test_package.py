@@ -13,7 +13,7 @@ import torch
 import fullgraph
 from fullgraph import env
 from fullgraph.compile.graphs import GraphedCall
-from fullgraph.deploy import DeployError, build, export, inspect_package, load, package, probe
+from fullgraph.deploy import DeployError, _probe, build, export, inspect_package, load, package, probe
 from fullgraph.errors import UsageError
 from fullgraph.serving import OutOfMemoryError
 from tests.deploy._models import MLP
@@ -41,7 +41,7 @@ def fake_package(path: Path, calls: tuple[str, ...] = (), **meta) -> Path:
 def probe_with(monkeypatch, code: str) -> None:
     """Make the probe child run `code` instead of loading the package."""
     argv = [sys.executable, "-X", "faulthandler", "-c", code]
-    monkeypatch.setattr(package, "_probe_argv", lambda path, index, ops=(): argv)
+    monkeypatch.setattr(_probe, "probe_argv", lambda path, index, ops=(): argv)
 
 
 @pytest.mark.slow
@@ -333,14 +333,14 @@ def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_pa
 
 
 def test_two_processes_updating_one_memo_keep_every_entry(tmp_path):
-    memo = tmp_path / "cache" / package.PROBE_FILE
+    memo = tmp_path / "cache" / _probe.PROBE_FILE
     code = (
-        "import sys; from fullgraph.deploy import package\n"
-        "for k in range(120): package.remember(sys.argv[1], f'{sys.argv[2]}-{k}', {'ok': True, 'k': k})\n"
+        "import sys; from fullgraph.deploy import _probe\n"
+        "for k in range(120): _probe.remember(sys.argv[1], f'{sys.argv[2]}-{k}', {'ok': True, 'k': k})\n"
     )
     children = [subprocess.Popen([sys.executable, "-c", code, str(memo), f"p{n}"]) for n in range(4)]
     assert [c.wait(timeout=120) for c in children] == [0, 0, 0, 0]
     saved = json.loads(memo.read_text())
     missing = [f"p{n}-{k}" for n in range(4) for k in range(120) if f"p{n}-{k}" not in saved]
     assert missing == [] and len(saved) == 480
-    assert sorted(p.name for p in memo.parent.iterdir()) == [package.PROBE_FILE, package.PROBE_FILE + ".lock"]
+    assert sorted(p.name for p in memo.parent.iterdir()) == [_probe.PROBE_FILE, _probe.PROBE_FILE + ".lock"]

@@ -11,7 +11,8 @@ process down:
 2. a loader can still crash in native code for causes not checked here, so the package is first loaded in a
    child process; its verdict is kept per file
    content (sha256), torch and device in `<fullgraph cache dir>/aoti_probes.json`, so the probe runs once per file
-   (updated under a file lock, `remember`: processes loading packages at once keep each other's verdicts);
+   (`fullgraph.deploy._probe`: updated under a file lock, so processes loading packages at once keep each other's
+   verdicts);
 3. only a package whose probe passed is loaded here, by torch's C++ package loader directly (`open_package`), with
    the package's input checks on (`CHECK_INPUTS_ENV`): inputs that do not fit raise a UsageError.
 
@@ -29,11 +30,8 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import struct
-import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,18 +40,16 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fullgraph import env
-from fullgraph._files import locked, write_atomic
 from fullgraph._paths import display_path
 from fullgraph.compile.graphs import GraphedCall
 from fullgraph.deploy import _elf
 from fullgraph.deploy._calls import OomCount, cuda_device, dynamic_ranges, misfit
 from fullgraph.deploy._common import DeployError, cache_dir, environment, input_signature, open_trusted
+from fullgraph.deploy._probe import PROBE_TIMEOUT_S, exit_text, read_json, remember, run_probe
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
 from fullgraph.serving import OutOfMemoryError, bind_cuda_context, out_of_memory
 
-PROBE_FILE = "aoti_probes.json"
-PROBE_TIMEOUT_S = 300.0
 # Written into the package (aot_inductor.metadata) by `export`, read back before loading.
 META_PREFIX = "fullgraph_"
 _REBUILD = "export it again on this machine with this torch (fullgraph.deploy.export)"
@@ -84,7 +80,7 @@ def _content_sha(f) -> str:
     st = os.fstat(f.fileno())
     key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
     file = os.path.join(cache_dir(), SHA_FILE)
-    memo = _read_json(file)
+    memo = read_json(file)
     if isinstance(memo.get(key), str):
         return memo[key]
     sha = _sha256(f)
@@ -247,58 +243,7 @@ def _check_custom_ops(shown: str, meta: Mapping[str, str], ops: Sequence[str]) -
         )
 
 
-# ---- the probe: load once in a child process ----------------------------------------------------------------------
-
-_PROBE_CODE = (
-    "import importlib, sys; "
-    # fullgraph.ops registers our custom ops, which the package calls when it lists any (and imports Dynamo: only then)
-    "sys.argv[3:] and importlib.import_module('fullgraph.ops').register_ops(sys.argv[3:]); "
-    "from fullgraph.deploy.package import open_package; open_package(sys.argv[1], int(sys.argv[2]))"
-)
-
-
-def _probe_argv(path: str, device_index: int, ops: Sequence[str] = ()) -> list[str]:
-    """The child that loads the package, which calls `ops` through Python; faulthandler prints the native stack if
-    it crashes."""
-    return [sys.executable, "-X", "faulthandler", "-c", _PROBE_CODE, path, str(device_index), *ops]
-
-
-def _probe_key(sha: str, device_index: int) -> str:
-    here = environment()
-    return "|".join(map(str, (sha, here["torch"], here["fullgraph"], here["device"], device_index)))
-
-
-def _read_json(file: str) -> dict[str, Any]:
-    """A JSON object from `file` (the probe verdicts, the remembered hashes); {} when missing or unreadable."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def remember(file: str, key: str, value: Any, keep: int | None = None) -> None:
-    """Add `key` to the JSON memo `file` (the probe verdicts, the remembered hashes): read, changed and written
-    atomically under the file's lock (`fullgraph._files.locked`), so that processes loading packages at once keep
-    each other's entries. `keep`: the newest entries kept (None: all, sorted by key). Nothing is remembered where the
-    cache folder cannot be written."""
-    with contextlib.suppress(OSError), locked(file):
-        memo = _read_json(file)
-        memo.pop(key, None)
-        memo[key] = value
-        if keep is not None:
-            memo = dict(list(memo.items())[-keep:])
-        write_atomic(file, json.dumps(memo, indent=1, sort_keys=keep is None))
-
-
-def _exit_text(rc: int) -> str:
-    if rc >= 0:
-        return f"exit {rc}"
-    try:
-        return f"exit {rc}, {signal.Signals(-rc).name}"
-    except ValueError:
-        return f"exit {rc}"
+# ---- the probe (fullgraph.deploy._probe) --------------------------------------------------------------------------
 
 
 def probe(path: str | os.PathLike, *, device_index: int = -1, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
@@ -306,55 +251,7 @@ def probe(path: str | os.PathLike, *, device_index: int = -1, timeout: float = P
     return the verdict: {"ok": bool, "rc": exit code, "detail": the child's last line of output, ...}."""
     path = os.fspath(path)
     sha, _, ops = _read_package(path)
-    return _probe(path, sha, device_index, timeout, ops)
-
-
-def _probe(path: str, sha: str, device_index: int, timeout: float, ops: Sequence[str] = ()) -> dict[str, Any]:
-    """`probe` for a package already checked, whose content hashes to `sha` and which calls `ops` through Python
-    (`load` reads the file once)."""
-    file = os.path.join(cache_dir(), PROBE_FILE)
-    key = _probe_key(sha, device_index)
-    verdict = _read_json(file).get(key)
-    if verdict is not None:
-        return {**verdict, "cached": True}
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            _probe_argv(os.path.abspath(path), device_index, ops),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:  # not cached: a slow machine is not a broken package
-        raise DeployError(
-            f"loading {display_path(path)} in a probe process took over {timeout:.0f} s; "
-            "give a larger probe_timeout=, or probe_first=False if you trust the file"
-        ) from None
-    verdict = {
-        "ok": done.returncode == 0,
-        "rc": done.returncode,
-        "detail": _last_words(done.stderr + done.stdout) if done.returncode else "",
-        "seconds": round(time.perf_counter() - start, 2),
-        "path": os.path.abspath(path),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    # A pass or a death by signal belongs to this file here; an exit with a Python error may be the environment's
-    # (a missing module), so it is probed again next time.
-    if done.returncode <= 0:
-        remember(file, key, verdict)  # a read-only cache folder costs a probe per load, nothing more
-    return {**verdict, "cached": False}
-
-
-def _last_words(output: str) -> str:
-    """What a dead child said last: faulthandler's "Fatal Python error" line and the innermost Python frame under
-    it, else the last line (a Python error's)."""
-    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
-    for i, ln in enumerate(lines):
-        if ln.startswith("Fatal Python error"):
-            frame = next((f for f in lines[i + 1 :] if f.startswith("File ")), None)
-            return f"{ln}, in {frame}"[:300] if frame else ln[:300]
-    return lines[-1][:300] if lines else "no output"
+    return run_probe(path, sha, device_index, timeout, ops)
 
 
 # ---- load ---------------------------------------------------------------------------------------------------------
@@ -523,12 +420,12 @@ def load(
         raise UsageError(f"cuda_graphs=True: {shown} runs on {device}; CUDA graphs need a package exported on a GPU")
     verdict = None
     if probe_first:
-        verdict = _probe(path, sha, device_index, probe_timeout, ops)
+        verdict = run_probe(path, sha, device_index, probe_timeout, ops)
         if not verdict["ok"]:
             seen = " (verdict cached from an earlier probe of this file)" if verdict["cached"] else ""
             how = "crashed" if verdict["rc"] < 0 else "failed in"
             raise DeployError(
-                f"loading {shown} {how} a probe process ({_exit_text(verdict['rc'])}: {verdict['detail']}){seen}; "
+                f"loading {shown} {how} a probe process ({exit_text(verdict['rc'])}: {verdict['detail']}){seen}; "
                 f"not loaded here. {_REBUILD}, or use cache artifacts (fullgraph.deploy.save_cache) instead"
             )
     # Every package has input checks compiled in, which read this variable at its first call: on, a call with
