@@ -7,6 +7,7 @@ import torch
 
 from fullgraph.bench.results import read_csv
 from fullgraph.bench.suites import load as suite
+from fullgraph.bench.suites import load_threads
 from fullgraph.cli.main import main
 
 HERE = __name__  # TARGETs below are `tests.bench.suites.test_load:<function>`
@@ -66,9 +67,9 @@ def assert_clean(by, cold=False):
     assert set(by) == {1, 8}
     for n, m in by.items():
         assert m["calls"] > 0 and m["calls_per_s"] > 0
-        checked = n * suite.CHECK_ROUNDS * suite.INPUT_SETS + (n if cold else 0)  # each cold first call is checked
+        checked = n * load_threads.CHECK_ROUNDS * suite.INPUT_SETS + (n if cold else 0)  # each cold first call checked
         assert m["wrong"] == 0 and m["exceptions"] == 0 and m["checked"] == checked
-        assert m["max_rel_err"] <= suite.TOLERANCE and m["p99_ms"] >= m["p50_ms"] > 0
+        assert m["max_rel_err"] <= load_threads.TOLERANCE and m["p99_ms"] >= m["p50_ms"] > 0
         assert "ratio_vs_1_thread" in m and "mem_growth" not in m  # no GPU memory on the CPU
     assert by[1]["ratio_vs_1_thread"] == 1
 
@@ -100,7 +101,7 @@ def test_a_racy_callable_is_caught_and_the_run_fails(tmp_path, capsys):
     assert rc == 1
     by = by["eager"]
     assert by[1]["wrong"] == 0  # alone, the buffer holds its own result
-    assert by[8]["wrong"] > 0 and by[8]["max_rel_err"] > suite.TOLERANCE
+    assert by[8]["wrong"] > 0 and by[8]["max_rel_err"] > load_threads.TOLERANCE
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert (
         err.startswith("fullgraph bench load: failed: ")
@@ -114,7 +115,7 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
     assert rc == 1
     assert by["eager"][2]["exceptions"] >= 2 and by["eager"][2]["calls"] == 0  # each worker stops after MAX_ERRORS
     # each of the 2 threads stops after MAX_ERRORS twice: in its first and timed calls together, then in its checks
-    assert f"eager, warm: 0 wrong outputs of 0, {4 * suite.MAX_ERRORS} exceptions" in capsys.readouterr().err
+    assert f"eager, warm: 0 wrong outputs of 0, {4 * load_threads.MAX_ERRORS} exceptions" in capsys.readouterr().err
     rows = read_csv(tmp_path / "load.csv")
     assert '"error":"AssertionError"' in rows[0].params
 

@@ -19,7 +19,8 @@ which Bucketed pads back). Per thread count, in phases:
   with that set's reference: wrong when the relative error (norm of the difference over the norm of the reference,
   all output tensors together) is above TOLERANCE or the shapes differ.
 
-Exceptions are counted in every phase, with the first one's message. The run fails (`fullgraph bench load` exits 1)
+The threads, their tallies and the constants above live in `load_threads.py`. Exceptions are counted in every
+phase, with the first one's message. The run fails (`fullgraph bench load` exits 1)
 when any output was wrong or any call raised. What reads TARGETs and builds packages comes from the command line
 (`Sources`): this layer imports neither diagnose nor deploy (DESIGN.md, Layers).
 """
@@ -30,9 +31,8 @@ import math
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,9 +41,16 @@ from torch.utils import _pytree as pytree
 import fullgraph.compile as fg_compile
 from fullgraph.bench.results import Result, make_rows
 from fullgraph.bench.suites import parse_sizes
-from fullgraph.bench.suites.coldstart import rel_err
+from fullgraph.bench.suites.load_threads import (
+    CHECK_ROUNDS,
+    Driver,
+    Inputs,
+    Tally,
+    batch_of,
+    single,
+    total,
+)
 from fullgraph.bench.table import format_table
-from fullgraph.env import first_line
 from fullgraph.errors import UsageError
 from fullgraph.serving import copy_out
 from fullgraph.timing import quantile, resolve_device
@@ -60,13 +67,7 @@ KINDS = {
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
 INPUT_SETS = 8
-CHECK_ROUNDS = 3
-TOLERANCE = 1e-2  # relative error, norm sense
 WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
-GROWTH_AFTER = 100  # calls (all threads together, each at least one) before the memory baseline, nothing in flight
-MAX_ERRORS = 10  # exceptions after which a thread stops its phase (a callable that always raises would spin)
-
-Inputs = tuple[tuple, dict]  # one call's (args, kwargs)
 
 
 @dataclass(frozen=True)
@@ -151,17 +152,11 @@ def plan_from(args) -> Plan:
 # ---- inputs and the callable ---------------------------------------------------------------------------------------
 
 
-def _batch(x: Inputs) -> int:
-    """Items per call: dim 0 of the first tensor input (1 without one)."""
-    first = next((t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor) and t.ndim), None)
-    return 1 if first is None else first.shape[0]
-
-
 def input_sets(example: Inputs, n: int, shorter: bool) -> list[Inputs]:
     """`n` input sets shaped as `example`: floating tensors drawn again (normal), others (ids, masks) copied; with
     `shorter`, every other set one item shorter along dim 0 in the tensors that carry the batch (batch > 2)."""
     torch.manual_seed(0)
-    batch = _batch(example)
+    batch = batch_of(example)
 
     def fresh(t: torch.Tensor, cut: bool) -> torch.Tensor:
         if cut and t.ndim and t.shape[0] == batch:
@@ -196,7 +191,7 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
     if kind == "compiled":
         return lambda: fg_compile.compile(model, plan.preset)
     if kind == "bucketed":
-        return lambda: fg_compile.Bucketed.from_range(fg_compile.compile(model, plan.preset), 0, (1, _batch(x)))
+        return lambda: fg_compile.Bucketed.from_range(fg_compile.compile(model, plan.preset), 0, (1, batch_of(x)))
     if kind == "plain":
         return lambda: torch.compile(model, mode=plan.mode)
     if kind == "locked":
@@ -228,172 +223,6 @@ def _locked(fn: Callable) -> Callable:
 
 def _pair(example: Any) -> Inputs:
     return tuple(example.args), dict(example.kwargs)
-
-
-# ---- threads ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Tally:
-    """What one thread counted in one phase (summed over threads with `total`)."""
-
-    calls: int = 0
-    items: int = 0
-    latencies: list[float] = field(default_factory=list)  # seconds per call
-    checked: int = 0
-    wrong: int = 0
-    worst: float = 0.0  # the largest relative error checked
-    exceptions: int = 0
-    first_error: str | None = None
-
-    def failed(self, e: Exception) -> bool:
-        """Count `e`; True when this thread should stop its phase."""
-        self.exceptions += 1
-        self.first_error = self.first_error or first_line(e, 300)
-        return self.exceptions >= MAX_ERRORS
-
-    def check(self, out: list[torch.Tensor], ref: list[torch.Tensor]) -> None:
-        err = rel_err([t.float() for t in out], ref)
-        self.checked += 1
-        if err is None or not err <= TOLERANCE:  # NaN is wrong too
-            self.wrong += 1
-        self.worst = max(self.worst, math.inf if err is None or math.isnan(err) else err)
-
-
-def total(tallies: Sequence[Tally]) -> Tally:
-    out = Tally()
-    for t in tallies:
-        for name in ("calls", "items", "checked", "wrong", "exceptions"):
-            setattr(out, name, getattr(out, name) + getattr(t, name))
-        out.worst = max(out.worst, t.worst)
-        out.latencies += t.latencies
-        out.first_error = out.first_error or t.first_error
-    return out
-
-
-def in_threads(n: int, work: Callable[[int, float], Tally]) -> tuple[list[Tally], float]:
-    """`work(i, start)` in `n` threads released together by a barrier (`start`: the release time); their tallies and
-    the wall time from the release until the last one ended."""
-    released: list[float] = []
-    barrier = threading.Barrier(n, action=lambda: released.append(time.perf_counter()))
-    tallies = [Tally() for _ in range(n)]
-
-    def body(i: int) -> None:
-        barrier.wait()
-        tallies[i] = work(i, released[0])
-
-    threads = [threading.Thread(target=body, args=(i,), name=f"fullgraph-load-{i}") for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return tallies, time.perf_counter() - released[0]
-
-
-class Driver:
-    """Calls one callable on the input sets and waits for each output on the calling thread's stream."""
-
-    def __init__(self, fn: Callable, sets: list[Inputs], device: torch.device):
-        self.fn, self.sets, self.cuda = fn, sets, device.type == "cuda"
-        self.items = [_batch(x) for x in sets]
-        self.refs: list[list[torch.Tensor]] = []
-
-    def call(self, i: int) -> list[torch.Tensor]:
-        args, kwargs = self.sets[i % len(self.sets)]
-        out = [t for t in pytree.tree_leaves(self.fn(*args, **kwargs)) if isinstance(t, torch.Tensor)]
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
-        return out
-
-    def references(self) -> None:
-        """Each set's output in this thread, kept as float32 copies."""
-        self.refs = [[t.detach().float().clone() for t in self.call(i)] for i in range(len(self.sets))]
-
-    def cold(self, n: int) -> tuple[Tally, float]:
-        """The first call from `n` threads at once, each output copied at once (what a request reads), checked once
-        the references exist; the slowest first call in seconds."""
-        kept: list[tuple[int, list[torch.Tensor]]] = []
-        took = [0.0] * n
-
-        def work(i: int, start: float) -> Tally:
-            tally = Tally()
-            try:
-                kept.append((i, [t.detach().clone() for t in self.call(i)]))
-            except Exception as e:
-                tally.failed(e)
-            took[i] = time.perf_counter() - start
-            return tally
-
-        tallies, _ = in_threads(n, work)
-        _single("computing the references", self.references)
-        for i, out in kept:
-            tallies[i].check(out, self.refs[i % len(self.sets)])
-        return total(tallies), max(took)
-
-    def timed(self, n: int, seconds: float) -> tuple[Tally, float, tuple[int | None, int | None]]:
-        """In `n` threads, the same ones throughout, as a server's pool: GROWTH_AFTER calls among them (each thread at
-        least one), the memory baseline once all have stopped, every thread calling for `seconds`, the memory again
-        once all have stopped. Returns the timed calls' sum (the first calls' exceptions included), the timed wall
-        seconds and the two readings (None on the CPU)."""
-        share = max(1, math.ceil(GROWTH_AFTER / n))
-        marks: dict[str, float] = {}
-        readings: list[int | None] = []
-
-        def mark(name: str) -> Callable[[], None]:
-            def action() -> None:  # run by one thread once all have arrived: nothing is in flight
-                readings.append(self.memory())
-                marks[name] = time.perf_counter()
-
-            return action
-
-        settled, finished = threading.Barrier(n, action=mark("start")), threading.Barrier(n, action=mark("end"))
-
-        def work(i: int, _: float) -> Tally:
-            tally, j = Tally(), i
-            for k in range(i, i + share):
-                try:
-                    self.call(k)
-                except Exception as e:
-                    if tally.failed(e):
-                        break
-            settled.wait()
-            while time.perf_counter() - marks["start"] < seconds and tally.exceptions < MAX_ERRORS:
-                k, j = j, j + 1
-                t0 = time.perf_counter()
-                try:
-                    self.call(k)
-                except Exception as e:
-                    tally.failed(e)
-                    continue
-                tally.latencies.append(time.perf_counter() - t0)
-                tally.calls += 1
-                tally.items += self.items[k % len(self.sets)]
-            finished.wait()
-            return tally
-
-        tallies, _ = in_threads(n, work)
-        return total(tallies), marks["end"] - marks["start"], (readings[0], readings[1])
-
-    def memory(self) -> int | None:
-        """Bytes allocated on the GPU once every stream's work is done; None on the CPU."""
-        if not self.cuda:
-            return None
-        torch.cuda.synchronize()
-        return torch.cuda.memory_allocated()
-
-    def checked(self, n: int) -> Tally:
-        def work(i: int, start: float) -> Tally:
-            tally = Tally()
-            for j in range(CHECK_ROUNDS * len(self.sets)):
-                k = (i + j) % len(self.sets)
-                try:
-                    tally.check(self.call(k), self.refs[k])
-                except Exception as e:
-                    if tally.failed(e):
-                        break
-            return tally
-
-        return total(in_threads(n, work)[0])
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------------
@@ -429,14 +258,6 @@ class Point:
         return None if not self.mem_after or self.mem_end is None else self.mem_end / self.mem_after - 1
 
 
-def _single(what: str, step: Callable[[], Any]) -> None:
-    """A step in one thread: if it raises, the callable does not work at all, and the run stops saying so."""
-    try:
-        step()
-    except Exception as e:
-        raise UsageError(f"{what} failed in one thread, before any threads ran: {first_line(e, 300)}") from e
-
-
 def measure_point(plan: Plan, driver: Driver, n: int, say: Callable[[str], None]) -> Point:
     cold, first_s = Tally(), None
     threads = f"{n} thread{'s' * (n != 1)}"
@@ -445,8 +266,8 @@ def measure_point(plan: Plan, driver: Driver, n: int, say: Callable[[str], None]
         cold, first_s = driver.cold(n)
     elif not driver.refs:
         say(f"warm-up ({WARMUP_CALLS} calls) and references in one thread")
-        _single("the warm-up", lambda: [driver.call(0) for _ in range(WARMUP_CALLS)])
-        _single("computing the references", driver.references)
+        single("the warm-up", lambda: [driver.call(0) for _ in range(WARMUP_CALLS)])
+        single("computing the references", driver.references)
     say(f"{threads}: calling for {plan.seconds:g} s (timed, no checks)")
     timed, wall, (mem_after, mem_end) = driver.timed(n, plan.seconds)
     say(f"{threads}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
