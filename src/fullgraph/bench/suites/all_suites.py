@@ -38,6 +38,7 @@ DEFAULTS = {
         "mode": None,
         "config": None,
         "depth": None,
+        "rope": "1d",
         "batch": 1,
         "dtype": None,
         "breakdown": False,
