@@ -136,7 +136,9 @@ class PatternRewrite(abc.ABC):
         return f"auto: not measured on {device.type} (rewrites=[{self.name!r}] forces it)"
 
     def identity(self) -> str:
-        return source_identity(type(self))
+        """A digest of the source of this rewrite's class and of every fullgraph class it inherits from (where its
+        match and refusal may live)."""
+        return source_identity(*(c for c in type(self).__mro__ if c.__module__.startswith("fullgraph.")))
 
     def apply(self, graph: fx.Graph, context: Context) -> list[Applied]:
         applied = []

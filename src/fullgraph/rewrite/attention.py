@@ -29,12 +29,11 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fullgraph.compile.rewrites import Context
-from fullgraph.kernels._library import ops_fingerprint
 from fullgraph.ops import measured
 from fullgraph.ops.attention import compiled_auto
 from fullgraph.ops.attention_backends import Spec, serve_reason
-from fullgraph.ops.policies import Policy, effective
-from fullgraph.rewrite._fx import Builder, PatternRewrite, call_args, static_ints, value
+from fullgraph.rewrite._fx import Builder, call_args, static_ints, value
+from fullgraph.rewrite._ops import OpKernelRewrite
 
 SDPA = (torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention)
 NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -56,8 +55,9 @@ def spec_from(q: torch.Tensor, k: torch.Tensor, mask: Any, causal: bool) -> Spec
     return Spec(q.device.type, q.device.index, dtype, heads[0], heads[1], heads[2], nq, nk, square, causal, kind)
 
 
-class AttentionKernel(PatternRewrite):
+class AttentionKernel(OpKernelRewrite):
     name = "attention_kernel"
+    op = "attention"
 
     def match(self, node: fx.Node) -> Found | str | None:
         if node.op != "call_function" or node.target not in SDPA:
@@ -85,18 +85,19 @@ class AttentionKernel(PatternRewrite):
             return "a head count or the head dim is symbolic (dynamic)"
         return a, spec
 
-    def refuse(self, found: Found, context: Context) -> str | None:
-        a, spec = found
-        if effective("attention") == Policy.NATIVE.value:
-            return "op attention's policy is native"
-        why = serve_reason("triton", *spec)
-        if why:
-            return f"our kernel cannot serve this call: {why}"
-        if effective("attention") == Policy.KERNEL.value or context.forced:
-            return None
+    def tensor(self, found: Found) -> torch.Tensor:
+        return value(found[0]["query"])
+
+    def cannot_serve(self, found: Found) -> str:
+        why = serve_reason("triton", *found[1])
+        return f"our kernel cannot serve this call: {why}" if why else ""
+
+    def auto_refusal(self, found: Found) -> str | None:
+        """The compiled dispatch's own choice (`compiled_auto`), for what was measured in a graph."""
+        spec = found[1]
         if spec.causal or spec.hq != spec.hkv:
             return "auto: causal and grouped-query attention were not measured in a graph (policy kernel forces it)"
-        q = value(a["query"])
+        q = self.tensor(found)
         fit = measured.graphed_kernel_fits("attention", q.device, q.numel())
         if compiled_auto(spec, q.device, fit) == "triton":
             return None
@@ -112,10 +113,6 @@ class AttentionKernel(PatternRewrite):
         b = Builder(graph, node)
         op = torch.ops.fullgraph.flash_attention.default
         b.replace(b(op, a["query"], a["key"], a["value"], a["is_causal"], scale))
-
-    def identity(self) -> str:
-        """Its source and what `auto` reads: the dispatch's and the decision data's modules (`ops_fingerprint`)."""
-        return super().identity() + ops_fingerprint()
 
     def detail(self, found: Found, context: Context) -> str:
         _, s = found

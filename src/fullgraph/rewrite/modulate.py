@@ -32,11 +32,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import fullgraph.ops.modulation  # noqa: F401 - registers the kernel op and its backward (from the native form)
 from fullgraph.compile.rewrites import Context
-from fullgraph.rewrite._fx import Builder, call_args, single_user, static_ints, value
+from fullgraph.rewrite._fx import Builder, single_user, static_ints, value
+from fullgraph.rewrite._ops import OpKernelRewrite
 from fullgraph.rewrite.attention import SDPA
-from fullgraph.rewrite.norms import DEFAULTS as LN_DEFAULTS
-from fullgraph.rewrite.norms import FLOATS, LAYER_NORM, OpKernelRewrite
-from fullgraph.rewrite.norms import NAMES as LN_NAMES
+from fullgraph.rewrite.norms import LAYER_NORM, last_dim_layer_norm
 
 ADD = (operator.add, torch.add)
 MUL = (operator.mul, torch.mul)
@@ -115,14 +114,11 @@ class LayerNormModulateKernel(OpKernelRewrite):
             scale = one_plus(plus)
             if scale is None or not isinstance(norm, fx.Node) or norm.target not in LAYER_NORM:
                 continue
-            a = call_args(norm, LN_NAMES, LN_DEFAULTS)
-            if a is None or single_user(norm) is not product:
+            a = last_dim_layer_norm(norm)
+            if a is None or single_user(norm) is not product or not isinstance(a["eps"], float):
                 return None
             x = value(a["input"])
-            if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS or x.dim() not in (3, 4):
-                return None
-            width = static_ints(x.shape[-1])
-            if width is None or static_ints(a["normalized_shape"]) != width or not isinstance(a["eps"], float):
+            if x.dim() not in (3, 4):
                 return None
             if a["weight"] is not None or a["bias"] is not None:
                 return "the LayerNorm has a weight or bias: the fused kernel normalizes without affine (adaLN's)"
