@@ -2,7 +2,7 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo fleet
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo fleet sweep
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -12,8 +12,19 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 steps=${*:-env tests ceilings ops}
 py=python3
+# Bytecode. The image sets PYTHONDONTWRITEBYTECODE and ships no .pyc, so every Python process there compiles torch's
+# modules from source (5-7 s a process; issue 35). Steps that do not time a process start write bytecode once into a
+# private folder and reuse it in every later process (a sweep starts ~50); the steps that time cold starts run as the
+# image does.
+image_dont_write=${PYTHONDONTWRITEBYTECODE-}
+pyc=${FULLGRAPH_PYC:-/tmp/fullgraph-pyc}
 for step in $steps; do
   echo "=== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    coldstart|regional|regional-aot|fleet|aoti-crash)
+      unset PYTHONPYCACHEPREFIX; export PYTHONDONTWRITEBYTECODE=$image_dont_write ;;
+    *) export PYTHONPYCACHEPREFIX=$pyc PYTHONDONTWRITEBYTECODE= ;;
+  esac
   case $step in
     env)
       $py -m fullgraph env | tee "$OUT/env.txt"
@@ -151,6 +162,14 @@ for step in $steps; do
       # 10 minutes: ZOO_ARGS picks a part (ZOO_ARGS="--models timm"), and `bench zoo --from-csv A,B` reads parts together.
       $py -m fullgraph bench zoo --reps 30 --csv "$OUT/zoo_h200.csv" ${ZOO_ARGS:-} 2>&1 | tee -a "$OUT/zoo_h200.txt" \
         | grep -v '^\[' | tail -40
+      ;;
+    sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point.
+      # The grid is ~1 h: a call runs the points that fit SWEEP_DEADLINE (540 s) and prints the --only for the rest
+      # (SWEEP_ARGS="--only '...'"). Parts join on the CPU: `fullgraph bench sweep --from-csv A,B --write-decisions
+      # src/fullgraph/ops/data/decisions.json`.
+      # shellcheck disable=SC2086 # a word list
+      eval "$py -m fullgraph bench sweep --deadline ${SWEEP_DEADLINE:-540} --csv $OUT/sweep_h200.csv ${SWEEP_ARGS:-}" \
+        2>&1 | tee -a "$OUT/sweep_h200.txt" | grep -v '^\[' | tail -40
       ;;
     grad-mode)
       $py benchmarks/probes/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"

@@ -195,6 +195,22 @@ SUITES = {
             ("--only", {"help": "comma-separated substrings of point labels to run, e.g. 'dit 1152x16,vit_b16 b4'"}),
             ("--write-decisions", {"metavar": "FILE", "help": "write the DiT points' per-op decision data here"}),
             ("--small", {"action": "store_true", "help": "one tiny DiT and one tiny ViT point (a CPU smoke run)"}),
+            (
+                "--deadline",
+                {
+                    "type": float,
+                    "metavar": "SECONDS",
+                    "help": "start no point that would end past this (by the mean point so far); prints the "
+                    "--only for the rest",
+                },
+            ),
+            (
+                "--from-csv",
+                {
+                    "metavar": "A.csv,B.csv",
+                    "help": "measure nothing: the summary of parts run apart (and --write-decisions from them)",
+                },
+            ),
         ],
     ),
     "fleet": (

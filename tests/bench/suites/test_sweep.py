@@ -1,9 +1,11 @@
+import argparse
 import json
 
 import pytest
 
-from fullgraph.bench.results import make_rows
+from fullgraph.bench.results import append_csv, make_rows
 from fullgraph.bench.suites import sweep
+from fullgraph.cli.main import main
 from fullgraph.ops import measured
 from tests.bench.suites import run_suite
 
@@ -54,11 +56,46 @@ def test_small_sweep_runs_each_point_in_a_child_and_writes_decisions(tmp_path):
     out = tmp_path / "decisions.json"
     rows, timed = run_suite(tmp_path, "sweep", "--small", "--write-decisions", str(out))
     assert {r.suite for r in rows} == {"dit", "vit"}
-    # (ours auto, compiled is skipped on the CPU at HEAD: its first trace in a fresh process enters
-    # ops/policies.py version()'s lock, "Unsupported context manager"; a bug of its own)
-    assert {"plain, compiled", "plain again (second instance), compiled"} <= timed
+    assert {"plain, compiled", "plain again (second instance), compiled", "ours auto, compiled"} <= timed
     assert json.loads(out.read_text())["format"] == measured.FORMAT
     measured.read_points(out)  # readable (on a CPU without kernels the per-op variants are skipped: no points)
+
+
+def test_parts_run_apart_join_from_csv(tmp_path, capsys):
+    """Two parts of the grid, each its own CSV (each its own device call), give one summary and one decision file."""
+    ms = {"plain, compiled": 10.0, "plain again (second instance), compiled": 10.0, sweep.NATIVE: 10.0,
+          "ours auto, compiled": 9.0, "ours none,+linear_gelu, compiled": 9.0}  # fmt: skip
+    parts = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    append_csv(str(parts[0]), dit_rows("dit p default", "default", ms))
+    append_csv(str(parts[1]), dit_rows("dit p reduce-overhead", "reduce-overhead", ms))
+    out = tmp_path / "decisions.json"
+    argv = ["bench", "sweep", "--from-csv", ",".join(map(str, parts)), "--write-decisions", str(out),
+            "--csv", str(tmp_path / "none.csv")]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "dit p default" in text and "dit p reduce-overhead" in text and "1.111" in text  # 10 / 9
+    assert {(p.mode, p.choice) for p in measured.read_points(out)} == {("default", "kernel"), ("graphed", "kernel")}
+    assert main(["bench", "sweep", "--from-csv", str(tmp_path / "missing.csv")]) != 0
+    assert "--from-csv: no file" in capsys.readouterr().err
+
+
+def test_deadline_starts_no_point_past_it_and_names_the_rest(monkeypatch, capsys):
+    clock = [0.0]
+    monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
+    ran = []
+
+    def point(p, args):  # each point takes 100 s
+        ran.append(p.label)
+        clock[0] += 100.0
+        return []
+
+    monkeypatch.setattr(sweep, "run_point", point)
+    args = argparse.Namespace(from_csv=None, modes="default", only="dit 1152x16", small=False, deadline=250.0,
+                              write_decisions=None)  # fmt: skip
+    sweep.run(args)
+    assert len(ran) == 2  # a third would end at 300 s
+    err = capsys.readouterr().err
+    assert "1 point(s) not started" in err and "--only 'dit 1152x16 b1 n4096 default'" in err
 
 
 def test_every_sweep_config_has_an_h200_entry():

@@ -13,6 +13,11 @@ beats "all native" by more than the point's noise (the plain twin's second insta
 folder (`fullgraph._paths.cache_dir`), which replaces the committed tables of the GPU it names.
 
 `--small` is the CPU smoke run: one tiny DiT point and one tiny ViT point, default mode.
+
+Parts. The whole grid is longer than one sitting on a lent GPU (docs/decisions.md, "How long"): `--deadline SECONDS`
+starts no point that the mean point so far says would end past it, and prints the `--only` that runs the rest;
+`--from-csv A.csv,B.csv` measures nothing and prints the summary of parts run apart (and writes their decisions with
+`--write-decisions`).
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ def grid(small: bool, modes: tuple[str, ...] = MODES) -> list[Point]:
 
 
 def run(args) -> tuple[list[Result], str]:
+    if args.from_csv:
+        return from_csv(args.from_csv.split(","), args.write_decisions)
     modes = tuple(m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip())
     if bad := [m for m in modes if m not in MODES]:
         raise UsageError(f"--modes: unknown {', '.join(bad)}; choose from {', '.join(MODES)}")
@@ -84,11 +91,31 @@ def run(args) -> tuple[list[Result], str]:
     rows: list[Result] = []
     start = time.monotonic()
     for i, p in enumerate(points):
-        print(f"[{time.monotonic() - start:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr, flush=True)
+        elapsed = time.monotonic() - start
+        if i and args.deadline is not None and elapsed + elapsed / i > args.deadline:
+            rest = ",".join(q.label for q in points[i:])
+            print(f"sweep: --deadline {args.deadline:.0f} s: {len(points) - i} point(s) not started; run them with "
+                  f"--only '{rest}'", file=sys.stderr, flush=True)  # fmt: skip
+            break
+        print(f"[{elapsed:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr, flush=True)
         rows += run_point(p, args)
     if args.write_decisions:
         write_decisions(args.write_decisions, rows)
     return rows, summary(rows)
+
+
+def from_csv(paths: list[str], write_to: str | None) -> tuple[list[Result], str]:
+    """--from-csv: no measurement; the summary of the sweep rows in `paths` (parts of the grid run apart), and their
+    decision data written to `write_to` when given. The rows are not returned: they are in their files already."""
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise UsageError(f"--from-csv: no file {missing[0]}")
+    rows = [r for path in paths for r in read_csv(path)]
+    if not any(r.suite in ("dit", "vit") for r in rows):
+        raise UsageError(f"--from-csv: no sweep rows (suites dit, vit) in {', '.join(paths)}")
+    if write_to:
+        write_decisions(write_to, rows)
+    return [], summary(rows)
 
 
 def run_point(p: Point, args) -> list[Result]:
