@@ -2,7 +2,7 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo fleet sweep
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo fleet sweep gemm-gelu
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -162,6 +162,11 @@ for step in $steps; do
       # 10 minutes: ZOO_ARGS picks a part (ZOO_ARGS="--models timm"), and `bench zoo --from-csv A,B` reads parts together.
       $py -m fullgraph bench zoo --reps 30 --csv "$OUT/zoo_h200.csv" ${ZOO_ARGS:-} 2>&1 | tee -a "$OUT/zoo_h200.txt" \
         | grep -v '^\[' | tail -40
+      ;;
+    gemm-gelu)  # issue 33: our exact-GELU GEMM's tiles against cuBLAS + Inductor's GELU pass at the ViT MLP shapes
+      # shellcheck disable=SC2086 # a word list
+      $py benchmarks/tune_gemm_gelu.py ${GEMM_GELU_ARGS:-} --csv "$OUT/tune_gemm_gelu_h200.csv" 2>&1 \
+        | tee "$OUT/tune_gemm_gelu_h200.txt" | tail -40
       ;;
     sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point.
       # The grid is ~1 h: a call runs the points that fit SWEEP_DEADLINE (540 s) and prints the --only for the rest

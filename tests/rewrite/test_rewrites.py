@@ -271,6 +271,39 @@ def test_on_cuda_auto_takes_both_where_exact_and_follows_the_tf32_settings(monke
     assert any(s.reason.startswith("fp32: convolutions run TF32") for s in cm.stats.rewrites_skipped)
 
 
+def test_an_exact_gelu_takes_our_gemm_under_the_ops_policy_and_matches_fp64(triton_device):
+    torch.manual_seed(11)
+    model, x = Vitish().eval().to(triton_device), torch.randn(2, 3, 16, 16, device=triton_device)
+    with fullgraph.ops.policy(linear_gelu="kernel"):  # the vocabulary of our own ops: our kernel wherever it runs
+        out, cm = run(model, x)
+    assert [(a.rewrite, a.where) for a in cm.stats.rewrites if a.rewrite == "gelu_epilogue"] == [
+        ("gelu_epilogue", "mlp.act")
+    ]
+    assert next(a.detail for a in cm.stats.rewrites if a.rewrite == "gelu_epilogue").endswith(
+        "fullgraph's GEMM with the exact GELU"
+    )
+    ref = reference(model, x)  # fp32 matmuls without TF32 (torch's default) on CUDA too
+    assert (out.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+    with fullgraph.ops.policy(linear_gelu="native"):  # native stops both routes, even forced
+        _, cm = run(model, x, rewrites=["gelu_epilogue"])
+    assert cm.stats.rewrites == ()
+    assert [s.reason for s in cm.stats.rewrites_skipped] == ["op linear_gelu's policy is native"]
+
+
+@pytest.mark.gpu
+def test_on_cuda_an_exact_gelu_takes_our_gemm_only_where_measured_or_forced():
+    torch.manual_seed(12)
+    model = Vitish().eval().cuda().to(torch.bfloat16)
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    ref = reference(model, x)
+    _, cm = run(model, x.to(torch.bfloat16))  # auto: no decision data for linear_gelu_erf at this width
+    (skip,) = [s for s in cm.stats.rewrites_skipped if s.rewrite == "gelu_epilogue"]
+    assert skip.reason.startswith("auto: no in-graph measurement says our kernel wins at width 24 on cuda")
+    out, cm = run(model, x.to(torch.bfloat16), rewrites=["gelu_epilogue"])
+    assert cm.stats.rewrite_counts() == {"gelu_epilogue": 1}
+    assert (out.double() - ref).norm().item() < 2e-2 * ref.norm().item()
+
+
 class TwoNorms(nn.Module):
     """nn.LayerNorm over the last dim (our kernel's pattern) and F.layer_norm over the last two (not it)."""
 

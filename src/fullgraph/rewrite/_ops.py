@@ -21,7 +21,8 @@ class OpKernelRewrite(PatternRewrite):
     rewrite), `auto` what `auto_refusal` says. By default the kernel serves wherever Triton runs on the device, and
     `auto` asks the in-graph decision data at this call's shape (`measured.compiled_choice`)."""
 
-    op = ""
+    op = ""  # the op whose policy decides (`fullgraph.ops.policy(<op>=...)`)
+    decided_as = ""  # the op name of the decision data `auto` reads, when not `op`'s (one op, two kernels)
 
     @abc.abstractmethod
     def tensor(self, found: Any) -> torch.Tensor:
@@ -42,7 +43,7 @@ class OpKernelRewrite(PatternRewrite):
         x = self.tensor(found)
         width, dim = x.shape[-1], self.head_dim(found)
         shape = measured.Shape(x.dtype, dim, width, x.numel() // width)
-        if measured.compiled_choice(self.op, x.device, shape) == "kernel":
+        if measured.compiled_choice(self.decided_as or self.op, x.device, shape) == "kernel":
             return None
         at = f"width {width}" + (f", head dim {dim}" if dim else "")
         return (f"auto: no in-graph measurement says our kernel wins at {at} on {x.device.type} "

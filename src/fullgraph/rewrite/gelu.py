@@ -1,28 +1,41 @@
-"""`gelu_epilogue`: a linear layer whose only use is a GELU, as one GEMM with the GELU in its epilogue
-(`torch._addmm_activation(bias, x, w.t(), use_gelu=True)`: cuBLASLt's GELU epilogue on CUDA).
+"""`gelu_epilogue`: a linear layer whose only use is a GELU, as one GEMM with the GELU in its epilogue.
 
-Which GELU the epilogue computes depends on the device: the **tanh** form on CUDA, the exact (**erf**) form on the
-CPU. So the rewrite is exact for `gelu(approximate="tanh")` on CUDA and for `gelu()` (erf) on the CPU. On CUDA an
-exact GELU becomes the tanh form only with `fullgraph.compile(..., approximate_gelu=True)`: a changed function
-(|erf GELU - tanh GELU| <= 4.7e-4 over the reals), listed as such in `stats.rewrites`. Elsewhere a skip says why.
+Two routes, by the GELU's form:
+- **cuBLASLt's epilogue** (`torch._addmm_activation(bias, x, w.t(), use_gelu=True)`). Which GELU it computes depends
+  on the device: the **tanh** form on CUDA, the exact (**erf**) form on the CPU. So it is exact for
+  `gelu(approximate="tanh")` on CUDA and for `gelu()` (erf) on the CPU. On CUDA an exact GELU becomes the tanh form
+  only with `fullgraph.compile(..., approximate_gelu=True)`: a changed function (|erf GELU - tanh GELU| <= 4.7e-4
+  over the reals), listed as such in `stats.rewrites`.
+- **our GEMM with the exact GELU** (`fullgraph.kernels.gemm_gelu`, a Triton kernel) for an exact GELU on CUDA without
+  that opt-in, or wherever op `linear_gelu`'s policy is `kernel` and Triton runs (the CPU under TRITON_INTERPRET=1:
+  how CI tests it). Under `auto` it follows the decision data of op `linear_gelu_erf` at the call's width and rows
+  (docs/decisions.md): none is committed yet, so `auto` leaves the exact GELU alone until a measurement says the
+  kernel wins; `rewrites=["gelu_epilogue"]` forces it.
 
-Needs a bias (cuBLASLt's epilogue adds it) and a 2-D weight; the input is flattened to 2-D and the output shaped
-back, so the leading dims must be static but the first (the batch).
+Both routes are op `linear_gelu`'s kernel form: `fullgraph.ops.policy(linear_gelu="native")` stops the rewrite, even
+forced.
 
-`auto` takes it on CUDA (H200, timm ViT-B/16 bf16, fc1 + GELU by hand: 1.10x at batch 256 and 64 default mode,
-1.04x at batch 4 reduce-overhead; issue 33). Not on the CPU, where it was not measured;
+Needs a bias (both epilogues add it) and a 2-D weight; the input is flattened to 2-D and the output shaped back, so
+the leading dims must be static but the first (the batch).
+
+`auto` takes the cuBLASLt route on CUDA (H200, timm ViT-B/16 bf16, fc1 + GELU by hand: 1.10x at batch 256 and 64
+default mode, 1.04x at batch 4 reduce-overhead; issue 33). Not on the CPU, where it was not measured;
 `rewrites=["gelu_epilogue"]` forces it anywhere it is exact.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
+import fullgraph.kernels.gemm_gelu  # noqa: F401 - registers torch.ops.fullgraph.gemm_gelu
 from fullgraph.compile.rewrites import Context
-from fullgraph.rewrite._fx import Builder, PatternRewrite, call_args, single_user, static_ints, value
+from fullgraph.ops.policies import Policy, effective
+from fullgraph.rewrite._fx import Builder, call_args, single_user, static_ints, value
+from fullgraph.rewrite._ops import OpKernelRewrite
 
 GELU = (torch._C._nn.gelu, torch.nn.functional.gelu)
 LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
@@ -33,15 +46,22 @@ def epilogue_form(device: torch.device) -> str:
     return "tanh" if device.type == "cuda" else "none"
 
 
-Found = tuple[dict[str, Any], fx.Node, str]  # the linear's arguments, the linear node, the model's GELU form
+@dataclass
+class Found:
+    args: dict[str, Any]  # the linear's arguments
+    linear: fx.Node
+    form: str  # the model's GELU: "tanh" or "none" (erf)
+    route: str = ""  # set by `refuse`: "epilogue" (torch._addmm_activation) or "gemm" (our exact-GELU GEMM)
 
 
-class GeluEpilogue(PatternRewrite):
+class GeluEpilogue(OpKernelRewrite):
     name = "gelu_epilogue"
+    op = "linear_gelu"  # the exact-GELU GEMM route's policy
+    decided_as = "linear_gelu_erf"  # and its decision data (the cuBLASLt route has none: measured_on)
 
     def match(self, node: fx.Node) -> Found | str | None:
-        """(the linear's arguments, the linear node, GELU form) for a GELU whose input is a linear layer used only
-        by it; a reason when it is one that cannot be rewritten; None when it is no such pattern."""
+        """A `Found` for a GELU whose input is a linear layer used only by it; a reason when it is one that cannot be
+        rewritten; None when it is no such pattern."""
         if node.op != "call_function" or node.target not in GELU:
             return None
         g = call_args(node, ("input", "approximate"), {"approximate": "none"})
@@ -62,34 +82,57 @@ class GeluEpilogue(PatternRewrite):
             return f"dtypes {x.dtype}, {w.dtype}, {bias.dtype}: the epilogue takes one floating dtype"
         if x.dim() > 2 and static_ints(tuple(x.shape[1:-1])) is None:
             return "the input's inner dims are symbolic (dynamic)"
-        return a, lin, g["approximate"]
+        return Found(a, lin, g["approximate"])
+
+    def tensor(self, found: Found) -> torch.Tensor:
+        return value(found.args["input"])
 
     def refuse(self, found: Found, context: Context) -> str | None:
-        a, _, form = found
-        device = value(a["input"]).device
+        device = self.tensor(found).device
         computes = epilogue_form(device)
-        if form != computes and not (computes == "tanh" and context.approximate_gelu):
-            want, has = (_FORMS[f] for f in (form, computes))
-            fix = "; approximate_gelu=True accepts the tanh form" if computes == "tanh" else ""
-            return f"the {want} GELU, where the epilogue on {device.type} computes the {has} one{fix}"
+        policy = effective(self.op)
+        if policy == Policy.NATIVE.value:  # both routes are op linear_gelu's kernel form
+            return f"op {self.op}'s policy is native"
+        ours = policy == Policy.KERNEL.value or (device.type == "cuda" and not context.approximate_gelu)
+        if found.form == "none" and ours:
+            found.route = "gemm"
+            return super().refuse(found, context)  # the op's policy, the kernel able to serve, the decision data
+        if found.form != computes and not (computes == "tanh" and context.approximate_gelu):
+            want, has = (_FORMS[f] for f in (found.form, computes))
+            return f"the {want} GELU, where the epilogue on {device.type} computes the {has} one"
+        found.route = "epilogue"
         return self.not_measured(device, context)
 
+    def cannot_serve(self, found: Found) -> str:
+        why = super().cannot_serve(found)
+        if not why and static_ints(tuple(self.tensor(found).shape)) is None:
+            return "the rows are symbolic (dynamic): our GEMM picks its tile by the row count"
+        return why
+
+    def auto_refusal(self, found: Found) -> str | None:
+        why = super().auto_refusal(found)
+        return why and f"{why}; approximate_gelu=True takes cuBLASLt's epilogue (the tanh GELU) instead"
+
     def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
-        a, lin, _ = found
+        a = found.args
         x, w = value(a["input"]), value(a["weight"])
         n, k = w.shape
         b = Builder(graph, node)
         flat = b(torch.reshape, a["input"], (-1, k)) if x.dim() != 2 else a["input"]
-        y = b(torch._addmm_activation, a["bias"], flat, b(torch.t, a["weight"]), use_gelu=True)
+        if found.route == "gemm":
+            y = b(torch.ops.fullgraph.gemm_gelu.default, flat, a["weight"], a["bias"])
+        else:
+            y = b(torch._addmm_activation, a["bias"], flat, b(torch.t, a["weight"]), use_gelu=True)
         if x.dim() != 2:
             y = b(torch.reshape, y, (-1, *x.shape[1:-1], n))
         b.replace(y)
-        graph.erase_node(lin)
+        graph.erase_node(found.linear)
 
     def detail(self, found: Found, context: Context) -> str:
-        a, _, form = found
-        text = f"linear {tuple(value(a['weight']).shape)} + GELU ({'tanh' if form == 'tanh' else 'erf'})"
-        if form != epilogue_form(value(a["input"]).device):
+        text = f"linear {tuple(value(found.args['weight']).shape)} + GELU ({'tanh' if found.form == 'tanh' else 'erf'})"
+        if found.route == "gemm":
+            return text + " -> fullgraph's GEMM with the exact GELU"
+        if found.form != epilogue_form(self.tensor(found).device):
             text += " -> tanh GELU (approximate_gelu=True: a changed function)"
         return text
 
