@@ -41,9 +41,9 @@ class Mlp(nn.Module):
 
 
 class Vitish(nn.Module):
-    def __init__(self, act=None):
+    def __init__(self, act=None, patch=4):
         super().__init__()
-        self.embed, self.norm, self.mlp = PatchEmbed(), nn.LayerNorm(24), Mlp(act=act)
+        self.embed, self.norm, self.mlp = PatchEmbed(patch=patch), nn.LayerNorm(24), Mlp(act=act)
 
     def forward(self, x):
         x = self.embed(x)
@@ -254,19 +254,25 @@ def test_a_rewrite_that_fails_is_reported_and_the_compile_goes_on(monkeypatch):
 def test_on_cuda_auto_takes_both_where_exact_and_follows_the_tf32_settings(monkeypatch):
     torch.manual_seed(8)
     x = torch.randn(4, 3, 32, 32, device="cuda")
-    tanh = Vitish(act=TanhGelu()).eval().cuda()
+    tanh = Vitish(act=TanhGelu(), patch=8).eval().cuda()  # a ViT's patch embedding: 8x8 patches of an image
     ref = reference(tanh, x)
     out, cm = run(tanh.to(torch.bfloat16), x.to(torch.bfloat16))
     assert cm.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
     assert (out.double() - ref).norm().item() < 2e-2 * ref.norm().item()
-    erf = Vitish().eval().cuda().to(torch.bfloat16)  # exact GELU: the CUDA epilogue's is tanh, so not without opt-in
+    erf = Vitish(patch=8).eval().cuda().to(torch.bfloat16)  # exact GELU: no tanh epilogue without the opt-in
     _, cm = run(erf, x.to(torch.bfloat16))
     assert cm.stats.rewrite_counts() == {"patch_gemm": 1}
     _, cm = run(erf, x.to(torch.bfloat16), approximate_gelu=True)
     assert cm.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
+    stem = Vitish(act=TanhGelu(), patch=4).eval().cuda().to(torch.bfloat16)  # a ConvNeXt-like 4x4 stem: not measured
+    _, cm = run(stem, x.to(torch.bfloat16))
+    assert cm.stats.rewrite_counts() == {"gelu_epilogue": 1}
+    assert any(s.reason.startswith("auto: measured on patch embeddings of images") for s in cm.stats.rewrites_skipped)
+    _, cm = run(stem, x.to(torch.bfloat16), rewrites=["patch_gemm"])
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1}
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    _, cm = run(Vitish(act=TanhGelu()).eval().cuda(), x)  # fp32, TF32 convolutions, full-fp32 matmuls
+    _, cm = run(Vitish(act=TanhGelu(), patch=8).eval().cuda(), x)  # fp32, TF32 convolutions, full-fp32 matmuls
     assert "patch_gemm" not in cm.stats.rewrite_counts()
     assert any(s.reason.startswith("fp32: convolutions run TF32") for s in cm.stats.rewrites_skipped)
 

@@ -15,9 +15,10 @@ only when `torch.backends.cuda.matmul.allow_tf32` is (off by default). Rewriting
 convolution for a full-fp32 GEMM: slower and more accurate, another precision than the user asked for. So in fp32
 on a GPU the rewrite applies only where the two settings agree, and says why it skipped otherwise.
 
-`auto` takes it on CUDA (H200, timm ViT-B/16 bf16, the rewrite applied by hand: 1.09x at batch 256 default mode,
-1.14x at 64, 1.16x at batch 4 reduce-overhead; issue 33). Not on the CPU, where it was not measured;
-`rewrites=["patch_gemm"]` forces it anywhere.
+`auto` takes it on CUDA for patch embeddings of images, patches of 8x8 or larger over at most 4 channels (H200, timm
+ViT-B/16 bf16, the rewrite applied by hand: 1.09x at batch 256 default mode, 1.14x at 64, 1.16x at batch 4
+reduce-overhead; issue 33): ViT, DeiT, CLIP and torchvision's ViT stems. Not ConvNeXt's or Swin's 4x4 stems and 2x2
+downsampling, nor anything on the CPU, where it was not measured; `rewrites=["patch_gemm"]` forces it anywhere.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def _pair(v: Any) -> tuple[int, ...] | None:
 
 
 Found = tuple[dict[str, Any], str]  # the convolution's arguments, what it becomes
+# Where `auto` takes it: what was measured (ViT-B/16's 3-channel 16x16 patches) and its kind, a patch embedding of an
+# image. A ConvNeXt or Swin stem (4x4) and their 2x2 downsampling of a feature map (many channels: the patch gather is
+# a full copy of it) were not measured: forced only, until `fullgraph bench zoo --rewrites patch_gemm` says they win.
+MEASURED_CHANNELS = 4
+MEASURED_KERNEL = 8
 
 
 def _precision_reason(x: torch.Tensor) -> str | None:
@@ -89,8 +95,16 @@ class PatchGemm(PatternRewrite):
         return a, f"GEMM over {h // kh}x{wd // kw} patches of {c}x{kh}x{kw} -> {w.shape[0]}"
 
     def refuse(self, found: Found, context: Context) -> str | None:
-        x = value(found[0]["input"])
-        return _precision_reason(x) or self.not_measured(x.device, context)
+        x, w = value(found[0]["input"]), value(found[0]["weight"])
+        why = _precision_reason(x) or self.not_measured(x.device, context)
+        if why or context.forced:
+            return why
+        kh, kw = w.shape[2:]
+        if x.shape[1] > MEASURED_CHANNELS or min(kh, kw) < MEASURED_KERNEL:
+            return (f"auto: measured on patch embeddings of images (at most {MEASURED_CHANNELS} channels, patches of "
+                    f"{MEASURED_KERNEL}x{MEASURED_KERNEL} or larger), not on {x.shape[1]} channels in {kh}x{kw} "
+                    "(rewrites=['patch_gemm'] forces it)")  # fmt: skip
+        return None
 
     def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
         a = found[0]
