@@ -367,3 +367,30 @@ def test_modulation_parameters_reach_the_fused_kernel_in_the_input_dtype(triton_
         expected = twin(model.cpu(), dtype=torch.float64)(x.cpu().double(), c.cpu().double())
     for y in (out, eager):  # bf16 rounding apart, the traced and the eager forms compute the same numbers
         assert ((y.cpu().double() - expected).norm() / expected.norm()).item() < 1e-2
+
+
+def inductor_buffers(model, *inputs) -> tuple[int, list[tuple[str, str]]]:
+    """(the number of fused kernels, the sorted (shape, dtype) of every buffer) in the code Inductor writes for
+    `model` on the CPU: what a compiled call launches and stores."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, (code,) = run_and_get_code(torch.compile(model, fullgraph=True), *inputs)
+    kernels = re.findall(r"^(cpp_fused_\w+) = ", code, re.M)
+    buffers = re.findall(r"empty_strided_cpu\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)", code)
+    return len(kernels), sorted(buffers)
+
+
+@pytest.mark.slow
+def test_all_native_compiles_to_the_plain_twins_kernels_and_buffers():
+    """Issue 32, item 3: with every op native, our DiT stores what its plain twin stores (head dim 72, bf16). The
+    RoPE's native form once concatenated float32 halves, which Inductor kept as two float32 buffers per q/k."""
+    model = randomized(config("dit_s", dim=144, heads=2, depth=1)).to(torch.bfloat16)
+    plain = twin(model, dtype=torch.bfloat16)
+    x, c = torch.randn(2, 24, 144, dtype=torch.bfloat16), torch.randn(2, 144, dtype=torch.bfloat16)
+    with ops.policy(all="native"):
+        ours = inductor_buffers(model, x, c)
+    assert ours == inductor_buffers(plain, x, c)

@@ -78,9 +78,14 @@ def rope_native(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
         xa, xb = x32[..., 0::2], x32[..., 1::2]
         rotated = torch.stack((xa * c - xb * s, xb * c + xa * s), dim=-1).flatten(-2)
     else:
+        # rotate-half as plain code writes it: x·cos + (−xb, xa)·sin with the tables doubled along D (a table op),
+        # the concatenation taken of x's own halves in x's dtype. The same float32 products, rounded once, as
+        # cat(xa·c − xb·s, xb·c + xa·s); but that form concatenates float32 results, which Inductor stores as two
+        # float32 buffers per q/k before casting back (issue 32, item 3: the CPU's generated code for DiT-XL/2)
         xa, xb = x32.chunk(2, dim=-1)
-        rotated = torch.cat((xa * c - xb * s, xb * c + xa * s), dim=-1)
-    return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+        rotated = x32 * torch.cat((c, c), dim=-1) + torch.cat((-xb, xa), dim=-1) * torch.cat((s, s), dim=-1)
+    rotated = rotated.to(x.dtype)
+    return rotated if rotary_dim == x.shape[-1] else torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
 def _rope_into(x, xr, c, s, interleaved: bool):
