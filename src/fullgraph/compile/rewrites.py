@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 # name -> "module:attr" of its Rewrite; what each does: docs/rewrites.md
 REGISTRY: dict[str, str] = {
+    # first: the row-wise layers it slims are then what the other rewrites match, for the one token
+    "token_select": "fullgraph.rewrite.token_select:REWRITE",
     "patch_gemm": "fullgraph.rewrite.patch:REWRITE",
     "gelu_epilogue": "fullgraph.rewrite.gelu:REWRITE",
     # a pattern that holds another's runs first: the modulated LayerNorm before the LayerNorm alone
