@@ -142,3 +142,27 @@ def test_a_dynamic_batch_keeps_the_rewrite_and_compiles_once():
             assert close(cm(x), reference(model, x))
     assert {a.rewrite for a in cm.stats.rewrites} == {"token_select"}
     assert cm.stats.frames_compiled == 1
+
+
+@pytest.mark.slow
+def test_transformers_classifiers_read_one_token_and_keep_their_values():
+    """Code we did not write: transformers' ViT and BERT classifiers, tiny configs, called as their users call them."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(5)
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+    vit = tf.ViTForImageClassification(tf.ViTConfig(image_size=32, patch_size=8, num_labels=3, **small)).eval()
+    bert = tf.BertForSequenceClassification(tf.BertConfig(vocab_size=100, num_labels=3, **small)).eval()
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, -4:] = 0  # padding, as a batch of two sentences has
+    for model, inputs in ((vit, {"pixel_values": torch.randn(2, 3, 32, 32)}),
+                          (bert, {"input_ids": torch.randint(0, 100, (2, 12)), "attention_mask": mask})):  # fmt: skip
+        torch._dynamo.reset()
+        cm = fullgraph.compile(copy.deepcopy(model), "dev")
+        with torch.no_grad():
+            out = cm(**inputs).logits
+            as64 = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+            ref = copy.deepcopy(model).double()(**as64).logits
+        assert [a.rewrite for a in cm.stats.rewrites] == ["token_select"], type(model).__name__
+        assert "(3 linear)" in cm.stats.rewrites[0].detail  # the last layer's output projection and MLP
+        assert cm.stats.graph_breaks == 0
+        assert close(out, ref), type(model).__name__
