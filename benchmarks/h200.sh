@@ -165,7 +165,8 @@ for step in $steps; do
       ;;
     gemm-gelu)  # issue 33: our exact-GELU GEMM's tiles against cuBLAS + Inductor's GELU pass at the ViT MLP shapes
       # shellcheck disable=SC2086 # a word list
-      $py benchmarks/tune_gemm_gelu.py ${GEMM_GELU_ARGS:-} --csv "$OUT/tune_gemm_gelu_h200.csv" 2>&1 \
+      $py benchmarks/tune_gemm_gelu.py ${GEMM_GELU_ARGS:-} --csv "$OUT/tune_gemm_gelu_h200.csv" \
+        --write-decisions "$OUT/decisions_gemm_gelu.json" 2>&1 \
         | tee "$OUT/tune_gemm_gelu_h200.txt" | tail -40
       ;;
     sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point.

@@ -1,20 +1,29 @@
-"""Does our GEMM with the exact GELU (`fullgraph.kernels.gemm_gelu`) beat what a compiled graph runs without it, and
-with which tile? At the MLP shapes of ViT-S/B/L/H (fc1: K = width, N = 4 x width) and the row counts of batches 4, 64
-and 256 (197 tokens; H/14: 257), bf16, per shape, interleaved rounds of:
+"""Does our GEMM with the exact GELU (`fullgraph.kernels.gemm_gelu`) beat what a compiled graph runs without it, with
+which tile, and where? Over transformer MLP shapes (fc1: K = the model width, N = 4 x K) and row counts (tokens x
+batch), bf16, per shape, interleaved rounds of:
 
-- `compiled native`: `torch.compile(lambda x: F.gelu(F.linear(x, w, b)))`, default mode: cuBLAS's GEMM with the
-  bias, then Inductor's GELU pass (what timm's MLP runs today; the baseline, 1.00);
+- `compiled native`: `torch.compile(lambda x: F.gelu(F.linear(x, w, b)))`: cuBLAS's GEMM with the bias, then
+  Inductor's GELU pass (what timm's, BERT's and ConvNeXt's MLPs run today; the baseline, 1.00);
 - `cuBLASLt tanh`: `torch._addmm_activation(b, x, w.t(), use_gelu=True)`, the tanh form's epilogue (another function:
-  the floor a fused epilogue reaches, for scale);
-- `ours BMxBNxBK wW sS`: our kernel with each candidate tile (its launcher, outside any graph: one launch).
+  what a fused epilogue reaches, for scale);
+- `ours BMxBNxBK wW sS`: our kernel with each candidate tile.
 
-Prints ms, TFLOP/s and speed against the baseline per variant, each shape's best tile, the CONFIGS table that the best
-tiles imply (paste it into `kernels/gemm_gelu.py`), and checks every output against float64 (the run fails past bf16's
-tolerance). One kernel alone: the in-model verdict is `fullgraph bench zoo --rewrites patch_gemm,gelu_epilogue`.
+Each in two modes: `default` (launched one by one: CUDA events over repeated calls) and `graphed` (replayed from a
+CUDA graph, as under reduce-overhead: no launch cost). Then:
+1. the tile per row count: for each row count, the tile with the best geometric mean of speed over the widths
+   (`CONFIGS` in `kernels/gemm_gelu.py` is keyed by rows; printed as a table to paste there);
+2. the decision per (width, rows, mode) with that tile: `kernel` where it beats compiled native by more than
+   MIN_GAIN, else `native`; `--write-decisions FILE` merges them into a decision file as op `linear_gelu_erf`
+   (docs/decisions.md: what `auto` of the `gelu_epilogue` rewrite reads). The GEMM and its GELU are the pattern
+   itself, compiled as a graph: the op between its real neighbours.
+Every output is checked against float64 first (the run exits 1 past bf16's tolerance).
 
-Run (H200, ~2-3 min: one Triton compile per tile, ~12 shapes):
-  PYTHONPATH=src python3 benchmarks/tune_gemm_gelu.py --csv $OUT/tune_gemm_gelu_h200.csv
-CPU smoke run (the interpreter; tiny shapes, fp16):
+Run (H200, ~6-8 min for the default grid: 6 widths x 6 row counts, one Triton compile per tile):
+  PYTHONPATH=src python3 benchmarks/tune_gemm_gelu.py --csv $OUT/tune_gemm_gelu_h200.csv \\
+      --write-decisions $OUT/decisions_gemm_gelu.json
+(h200.sh step `gemm-gelu`). Then paste the CONFIGS into `kernels/gemm_gelu.py`, merge the decisions into
+`src/fullgraph/ops/data/decisions.json`, and check in a model: `fullgraph bench zoo` (auto takes it where decided).
+CPU smoke run (the interpreter; tiny shapes, fp16, default mode only):
   TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/tune_gemm_gelu.py --small
 """
 
@@ -22,16 +31,21 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import fullgraph.kernels.gemm_gelu as gg
-from fullgraph.timing import round_medians
+from fullgraph.bench.suites.sweep import merge_points
+from fullgraph.ops import measured
+from fullgraph.timing import measure
 
-WIDTHS = {"vit_s": 384, "vit_b": 768, "vit_l": 1024, "vit_h": 1280}
-BATCHES = (4, 64, 256)
+WIDTHS = (96, 192, 384, 768, 1024, 1280)  # ConvNeXt-T's stages, ViT-S, ViT-B / BERT-base, ViT-L, ViT-H
+ROWS = (256, 1024, 4096, 16384, 65536, 262144)  # x4 apart: each decision point speaks for rows within 2x
+MODES = ("default", "graphed")
+MIN_GAIN = 0.01  # our kernel must beat compiled native by this much to be chosen
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): shared memory (BM + BN) x BK x 2 bytes x stages
 # stays within the H200's 227 KiB
 TILES = (
@@ -62,67 +76,129 @@ def ours(tile, x, w, b):
         gg.CONFIGS = saved
 
 
-def time_shape(m, k, n, label, tiles, device, dtype, a, failed: list[str]) -> dict[str, float]:
-    """Each variant's median of its round medians (ms) at one shape; outputs checked against float64 first."""
+def time_shape(m, k, tiles, device, dtype, a, failed: list[str]) -> dict[tuple[str, str], float]:
+    """{(variant, mode): ms} at one shape, each the median of its round medians (variants interleaved per round);
+    outputs checked against float64 first."""
     torch.manual_seed(0)
+    n = 4 * k
     x = torch.randn(m, k, device=device, dtype=dtype)
     w = (torch.randn(n, k, device=device) / k**0.5).to(dtype)
     b = (torch.randn(n, device=device) * 0.1).to(dtype)
     ref = F.gelu(F.linear(x.double(), w.double(), b.double()))
     native = torch.compile(lambda x: F.gelu(F.linear(x, w, b)), dynamic=False)
     fns = {"compiled native": lambda: native(x)}
-    if not a.small:
+    if device == "cuda":
         fns["cuBLASLt tanh"] = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)
     fns |= {tile_name(t): (lambda t=t: ours(t, x, w, b)) for t in tiles}
     for name, fn in fns.items():  # compile, and check against float64 (the tanh form is another function)
         err = ((fn().double() - ref).norm() / ref.norm()).item()
         if name != "cuBLASLt tanh" and not err < 1e-2:
-            failed.append(f"{label} {name}: relative error {err:.2e}")
-    medians = round_medians(fns, device=device, rounds=a.rounds, reps=a.reps)
-    return {name: sorted(v)[len(v) // 2] for name, v in medians.items()}
+            failed.append(f"{m}x{k} {name}: relative error {err:.2e}")
+    modes = MODES if device == "cuda" else MODES[:1]
+    rounds: dict[tuple[str, str], list[float]] = {(v, mode): [] for v in fns for mode in modes}
+    names = list(fns)
+    for r in range(a.rounds):  # each round starts one variant further along (fullgraph.timing.round_medians)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            for mode in modes:
+                t = measure(fns[name], device=device, warmup=2, reps=a.reps, graph=mode == "graphed")
+                rounds[(name, mode)].append(t.median_ms)
+    return {key: sorted(v)[len(v) // 2] for key, v in rounds.items()}
+
+
+def speed(found: dict, variant: str, mode: str) -> float:
+    """`variant`'s speed against compiled native at one shape (above 1: faster)."""
+    return found[("compiled native", mode)] / found[(variant, mode)]
+
+
+def choose_tiles(ms: dict, shapes, tiles, mode: str = "default") -> dict[int, tuple]:
+    """Per row count, the tile with the best geometric mean of speed against compiled native over the widths."""
+    chosen = {}
+    for m in sorted({m for m, _ in shapes}):
+        widths = [k for mm, k in shapes if mm == m]
+
+        def score(t, m=m, widths=widths):
+            return sum(math.log(speed(ms[(m, k)], tile_name(t), mode)) for k in widths)
+
+        chosen[m] = max(tiles, key=score)
+    return chosen
+
+
+def configs_table(chosen: dict[int, tuple]) -> list[tuple[str, tuple]]:
+    """CONFIGS rows: each measured row count's tile up to the geometric mean of it and the next."""
+    rows = sorted(chosen)
+    out = []
+    for i, m in enumerate(rows):
+        most = "1 << 62" if i == len(rows) - 1 else str(math.isqrt(m * rows[i + 1]))
+        out.append((most, chosen[m]))
+    return out
+
+
+def decision_points(ms: dict, shapes, chosen: dict[int, tuple], modes) -> list[dict]:
+    points = []
+    for m, k in shapes:
+        for mode in modes:
+            gain = speed(ms[(m, k)], tile_name(chosen[m]), mode) - 1
+            points.append({
+                "op": "linear_gelu_erf", "dtype": "bf16", "head_dim": 0, "width": k, "rows": m, "mode": mode,
+                "choice": "kernel" if gain > MIN_GAIN else "native",
+                "source": f"benchmarks/tune_gemm_gelu.py: fc1 {m}x{k} -> {4 * k} + exact GELU, tile {chosen[m]}, "
+                          f"{gain:+.1%} against cuBLAS + Inductor's GELU pass, {mode}",
+            })  # fmt: skip
+    return points
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(WIDTHS), help="of " + ", ".join(WIDTHS))
-    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="model widths K (fc1: K -> 4K)")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts M (tokens x batch)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--csv")
+    ap.add_argument("--write-decisions", metavar="FILE", help="merge the decisions (op linear_gelu_erf) into FILE")
     ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes, fp16, the interpreter")
     a = ap.parse_args()
     device = "cpu" if a.small else "cuda"
     dtype = torch.float16 if a.small else torch.bfloat16
     tiles = SMALL_TILES if a.small else TILES
-    shapes = [(m, 40, 24, "small") for m in (5, 37)] if a.small else [
-        (batch * (257 if model == "vit_h" else 197), WIDTHS[model], 4 * WIDTHS[model], f"{model} b{batch}")
-        for model in a.models.split(",") for batch in map(int, a.batches.split(","))
-    ]  # fmt: skip
-    rows, best, failed = [], {}, []
-    for m, k, n, label in shapes:
-        ms = time_shape(m, k, n, label, tiles, device, dtype, a, failed)
-        base = ms["compiled native"]
-        for name, t in ms.items():
-            tflops = round(2 * m * k * n / t / 1e9, 1)
-            rows.append({"shape": label, "m": m, "k": k, "n": n, "variant": name, "median_ms": round(t, 5),
-                         "tflops": tflops, "speed_vs_native": round(base / t, 4)})  # fmt: skip
-        winner = min(tiles, key=lambda t: ms[tile_name(t)])
-        best[(m, label)] = (winner, base / ms[tile_name(winner)])
-        speeds = "  ".join(f"{name.removeprefix('ours ')} {base / t:5.2f}x" for name, t in ms.items() if t != base)
-        print(f"{label:12} m={m:6} k={k:5} n={n:5}  native {base:8.4f} ms  {speeds}", flush=True)
-    print("\nbest tile per shape (speed against compiled native):")
-    for (m, label), (tile, speed) in sorted(best.items()):
-        print(f"  {label:12} m={m:6}  {tile}  {speed:.3f}x")
-    print("\nCONFIGS by row count (each shape's best; rows up to the next measured count take the smaller's):")
-    by_rows = sorted({m: tile for (m, _), (tile, _) in best.items()}.items())
-    for i, (_, tile) in enumerate(by_rows):
-        most = "1 << 62" if i == len(by_rows) - 1 else str(by_rows[i + 1][0] - 1)
+    widths, rows = ((16, 32), (5, 37)) if a.small else (
+        tuple(map(int, a.widths.split(","))), tuple(map(int, a.rows.split(","))))  # fmt: skip
+    shapes = [(m, k) for m in rows for k in widths]
+    modes = MODES if device == "cuda" else MODES[:1]
+    failed: list[str] = []
+    ms: dict[tuple[int, int], dict] = {}
+    for i, (m, k) in enumerate(shapes):
+        ms[(m, k)] = found = time_shape(m, k, tiles, device, dtype, a, failed)
+        best = {mode: min(tiles, key=lambda t, mode=mode: found[(tile_name(t), mode)]) for mode in modes}
+        line = "  ".join(f"{mode}: native {found[('compiled native', mode)]:.4f} ms, best "
+                         f"{found[('compiled native', mode)] / found[(tile_name(best[mode]), mode)]:.3f}x "
+                         f"({tile_name(best[mode]).removeprefix('ours ')})" for mode in modes)  # fmt: skip
+        print(f"[{i + 1}/{len(shapes)}] rows {m:7} width {k:5}  {line}", flush=True)
+    chosen = choose_tiles(ms, shapes, tiles)
+    points = decision_points(ms, shapes, chosen, modes)
+    print("\nCONFIGS = (  # (most rows, (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages))")
+    for most, tile in configs_table(chosen):
         print(f"    ({most}, {tile}),")
+    print(")\n\ndecisions (op linear_gelu_erf, the chosen tile against compiled native):")
+    print(f"{'rows':>8} {'width':>6} " + " ".join(f"{mode:>16}" for mode in modes))
+    for m, k in shapes:
+        cells = [(p["choice"], speed(ms[(m, k)], tile_name(chosen[m]), p["mode"])) for p in points
+                 if (p["rows"], p["width"]) == (m, k)]  # fmt: skip
+        print(f"{m:8} {k:6} " + " ".join(f"{choice:>7} {x:7.3f}x" for choice, x in cells))
     if a.csv:
         with open(a.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+            writer = csv.writer(f)
+            writer.writerow(["rows", "width", "n", "variant", "mode", "median_ms", "tflops", "speed_vs_native"])
+            for (m, k), found in ms.items():
+                for (name, mode), t in found.items():
+                    native = found[("compiled native", mode)]
+                    writer.writerow([m, k, 4 * k, name, mode, round(t, 5), round(8 * m * k * k / t / 1e9, 1),
+                                     round(native / t, 4)])  # fmt: skip
+    if a.write_decisions and not a.small:
+        import triton
+
+        key = (measured.gpu_name(None), measured.torch_version())
+        merge_points(a.write_decisions, {key: (triton.__version__, points)})
+        print(f"\n{len(points)} decision points merged into {a.write_decisions}")
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
     return 1 if failed else 0

@@ -16,10 +16,10 @@ columns in L2). Rows and columns past the edges are clamped for loads (`% M`, `%
 does) and masked at the store; only a K that is not a multiple of BLOCK_K masks its loads.
 
 Configurations (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) by row count: not yet measured on a GPU;
-`benchmarks/tune_gemm_gelu.py` times each candidate against cuBLAS + Inductor's GELU pass at the ViT shapes and
-prints the table to put here. Until a measurement says it wins in a graph, nothing chooses this kernel by itself:
-the `gelu_epilogue` rewrite takes it under `auto` only where decision data (op `linear_gelu_erf`,
-docs/decisions.md) says so, and when forced.
+`benchmarks/tune_gemm_gelu.py` times each candidate against cuBLAS + Inductor's GELU pass over MLP widths and row
+counts, prints the table to put here and writes the decision points. Until a measurement says it wins in a graph,
+nothing chooses this kernel by itself: the `gelu_epilogue` rewrite takes it under `auto` only where decision data
+(op `linear_gelu_erf`, docs/decisions.md) says so, and when forced.
 """
 
 from __future__ import annotations

@@ -198,27 +198,31 @@ def decisions(rows: list[Result]) -> list[dict]:
 
 def write_decisions(path: str, rows: list[Result]) -> None:
     """The decision points of `rows` written to `path` (format: docs/decisions.md), merged into what the file holds
-    already: a point measured again (same GPU, torch, op, dtype, head dim, width, rows and mode) is replaced, every
-    other point kept, so the grid can be measured in parts (`--only`) into one file."""
-    measured_now: dict[tuple, dict] = {}
+    already (`merge_points`), so the grid can be measured in parts (`--only`) into one file."""
+    measured_now: dict[tuple[str, str], tuple[str, list[Result]]] = {}
     for r in rows:
         if r.suite == "dit":
-            gpu, torch_mm = r.gpu, ".".join(r.torch.split("+")[0].split(".")[:2])
-            table = measured_now.setdefault((gpu, torch_mm), {"gpu": gpu, "torch": torch_mm, "triton": r.triton})
-            table.setdefault("rows", []).append(r)
+            key = (r.gpu, ".".join(r.torch.split("+")[0].split(".")[:2]))
+            measured_now.setdefault(key, (r.triton, []))[1].append(r)
+    merge_points(path, {key: (triton, decisions(found)) for key, (triton, found) in measured_now.items()})
+
+
+def merge_points(path: str, tables: dict[tuple[str, str], tuple[str, list[dict]]]) -> None:
+    """Decision points merged into the file at `path` (made if missing): per (GPU, torch major.minor) a table with its
+    Triton version; a point measured again (same op, dtype, head dim, width, rows and mode) replaces the old one, every
+    other point is kept. Also `benchmarks/tune_gemm_gelu.py --write-decisions`'s writer."""
     data = {"format": 1, "about": "written by `fullgraph bench sweep --write-decisions`", "tables": []}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    for t in measured_now.values():
-        new = decisions(t["rows"])
-        old = next((o for o in data["tables"] if (o["gpu"], o["torch"]) == (t["gpu"], t["torch"])), None)
+    for (gpu, torch_mm), (triton, new) in tables.items():
+        old = next((o for o in data["tables"] if (o["gpu"], o["torch"]) == (gpu, torch_mm)), None)
         if old is None:
-            data["tables"].append({"gpu": t["gpu"], "torch": t["torch"], "triton": t["triton"], "points": new})
+            data["tables"].append({"gpu": gpu, "torch": torch_mm, "triton": triton, "points": new})
             continue
         again = {_point_key(p) for p in new}
         old["points"] = [p for p in old["points"] if _point_key(p) not in again] + new
-        old["triton"] = t["triton"]
+        old["triton"] = triton
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomic_bytes(path, [(json.dumps(data, indent=1) + "\n").encode()])
 
