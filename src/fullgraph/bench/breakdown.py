@@ -232,13 +232,16 @@ def _short(x: Launch) -> str:
 
 FIXES = {
     "conv-as-gemm": "fullgraph.compile does it inside the compiled graph: rewrite patch_gemm, on by default on "
-    "CUDA (docs/rewrites.md); by hand, compute the patch embedding as a GEMM: reshape x into patches [B·N, C·p·p] "
+    "CUDA for image patch embeddings (rewrites=['patch_gemm'] for other stride = kernel convolutions; "
+    "docs/rewrites.md); by hand, compute the patch embedding as a GEMM: reshape x into patches [B·N, C·p·p] "
     "and call F.linear(patches, conv.weight.flatten(1), conv.bias); measured on ViT-B/16 (H200): 1.22x faster with "
     "this and the GELU epilogue",
     "layout-conversion": "give each op the layout it reads: channels_last input and weights before a convolution "
     "(x.to(memory_format=torch.channels_last)), or a producer that writes the layout its consumer reads",
     "epilogue-candidate": "fuse the activation into the GEMM before it: fullgraph.compile's rewrite gelu_epilogue "
-    "does it for a linear + tanh GELU (an exact GELU with approximate_gelu=True: docs/rewrites.md); by hand, "
+    "does it for a linear + tanh GELU (cuBLASLt's epilogue), and for an exact GELU runs our GEMM with the GELU in its "
+    "epilogue where measured to win (or with fullgraph.ops.policy(linear_gelu='kernel'); approximate_gelu=True takes "
+    "the tanh form instead: docs/rewrites.md); by hand, "
     "torch._addmm_activation(bias, x, weight.t(), use_gelu=True) runs GELU (tanh form) as a cuBLASLt epilogue "
     "(use_gelu=False: ReLU); measured on ViT-B/16 (H200): 1.22x faster with this and the patch-embedding GEMM",
     "launch-bound": 'compile with mode="reduce-overhead" (CUDA graphs), or capture the call in a torch.cuda.CUDAGraph',
