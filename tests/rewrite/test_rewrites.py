@@ -192,7 +192,7 @@ def test_no_rewrites_is_plain_torch_compile():
 
 def test_bad_arguments_are_one_line_errors_naming_the_fix():
     with pytest.raises(
-        UsageError, match=r"unknown rewrite 'patch'; the rewrites are token_select, patch_gemm, gelu_epilogue, "
+        UsageError, match=r"unknown rewrite 'patch'; the rewrites are token_select, patch_gemm, gelu_formula, "
     ):
         fullgraph.compile(Vitish(), "dev", rewrites=["patch"])
     with pytest.raises(UsageError, match=r"rewrites='all': give 'auto', a list of names"):

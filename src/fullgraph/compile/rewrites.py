@@ -36,6 +36,7 @@ REGISTRY: dict[str, str] = {
     # first: the row-wise layers it slims are then what the other rewrites match, for the one token
     "token_select": "fullgraph.rewrite.token_select:REWRITE",
     "patch_gemm": "fullgraph.rewrite.patch:REWRITE",
+    "gelu_formula": "fullgraph.rewrite.gelu_formula:REWRITE",  # before gelu_epilogue, which then sees an F.gelu
     "gelu_epilogue": "fullgraph.rewrite.gelu:REWRITE",
     # a pattern that holds another's runs first: the modulated LayerNorm before the LayerNorm alone
     "layer_norm_modulate_kernel": "fullgraph.rewrite.modulate:REWRITE",
@@ -126,7 +127,10 @@ def make_pass(chosen: tuple[str, ...], *, forced: bool, approximate_gelu: bool, 
             applied: list[Applied] = []
             for name in chosen:
                 try:
-                    applied += load(name).apply(graph, context)
+                    done = load(name).apply(graph, context)
+                    if done:  # what a rewrite left unused goes now: the next one matches on single uses
+                        graph.eliminate_dead_code()
+                    applied += done
                 except Exception as e:  # a rewrite's bug never costs the user's compile: it is reported, not applied
                     context.skipped.append(Skipped(name, "", "", f"failed, graph left as it was: {e!r}"[:300]))
             if applied:

@@ -48,10 +48,12 @@ def epilogue_form(device: torch.device) -> str:
 
 @dataclass
 class Found:
-    args: dict[str, Any]  # the linear's arguments
-    linear: fx.Node
+    args: dict[str, Any]  # the linear's arguments: input, weight, bias
+    linear: tuple[fx.Node, ...]  # the nodes the GEMM replaces, the GELU's input first
     form: str  # the model's GELU: "tanh" or "none" (erf)
     route: str = ""  # set by `refuse`: "epilogue" (torch._addmm_activation) or "gemm" (our exact-GELU GEMM)
+    stored: str = "out, in"  # the weight's layout: nn.Linear's [out, in], or Conv1D's [in, out] (`addmm`)
+    shape: tuple[int, ...] | None = None  # for `addmm(...).view(shape)`: the output's shape
 
 
 class GeluEpilogue(OpKernelRewrite):
@@ -66,10 +68,12 @@ class GeluEpilogue(OpKernelRewrite):
             return None
         g = call_args(node, ("input", "approximate"), {"approximate": "none"})
         lin = g["input"] if g else None
-        if not isinstance(lin, fx.Node) or lin.op != "call_function" or lin.target not in LINEAR:
+        if not isinstance(lin, fx.Node) or single_user(lin) is not node:
+            return None  # no node, or the linear's output is used elsewhere too: the GELU cannot take its place
+        if lin.op == "call_method" and lin.target in ("view", "reshape"):
+            return _conv1d(lin, g["approximate"])
+        if lin.op != "call_function" or lin.target not in LINEAR:
             return None
-        if single_user(lin) is not node:
-            return None  # the linear's output is used elsewhere too: the GELU cannot take its place
         a = call_args(lin, ("input", "weight", "bias"), {"bias": None})
         if a is None:
             return None
@@ -82,7 +86,7 @@ class GeluEpilogue(OpKernelRewrite):
             return f"dtypes {x.dtype}, {w.dtype}, {bias.dtype}: the epilogue takes one floating dtype"
         if x.dim() > 2 and static_ints(tuple(x.shape[1:-1])) is None:
             return "the input's inner dims are symbolic (dynamic)"
-        return Found(a, lin, g["approximate"])
+        return Found(a, (lin,), g["approximate"])
 
     def tensor(self, found: Found) -> torch.Tensor:
         return value(found.args["input"])
@@ -96,6 +100,8 @@ class GeluEpilogue(OpKernelRewrite):
         ours = policy == Policy.KERNEL.value or (device.type == "cuda" and not context.approximate_gelu)
         if found.form == "none" and ours:
             found.route = "gemm"
+            if found.stored != "out, in":
+                return "the weight is stored [in, out] (Conv1D's addmm): our GEMM reads nn.Linear's [out, in]"
             return super().refuse(found, context)  # the op's policy, the kernel able to serve, the decision data
         if found.form != computes and not (computes == "tanh" and context.approximate_gelu):
             want, has = (_FORMS[f] for f in (found.form, computes))
@@ -116,25 +122,56 @@ class GeluEpilogue(OpKernelRewrite):
     def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
         a = found.args
         x, w = value(a["input"]), value(a["weight"])
-        n, k = w.shape
+        n, k = w.shape if found.stored == "out, in" else reversed(w.shape)
         b = Builder(graph, node)
         flat = b(torch.reshape, a["input"], (-1, k)) if x.dim() != 2 else a["input"]
         if found.route == "gemm":
             y = b(torch.ops.fullgraph.gemm_gelu.default, flat, a["weight"], a["bias"])
         else:
-            y = b(torch._addmm_activation, a["bias"], flat, b(torch.t, a["weight"]), use_gelu=True)
-        if x.dim() != 2:
+            weight = b(torch.t, a["weight"]) if found.stored == "out, in" else a["weight"]
+            y = b(torch._addmm_activation, a["bias"], flat, weight, use_gelu=True)
+        if found.shape is not None:
+            y = b(torch.reshape, y, found.shape)
+        elif x.dim() != 2:
             y = b(torch.reshape, y, (-1, *x.shape[1:-1], n))
         b.replace(y)
-        graph.erase_node(found.linear)
+        for old in found.linear:
+            graph.erase_node(old)
 
     def detail(self, found: Found, context: Context) -> str:
-        text = f"linear {tuple(value(found.args['weight']).shape)} + GELU ({'tanh' if found.form == 'tanh' else 'erf'})"
+        out, k = (
+            value(found.args["weight"]).shape
+            if found.stored == "out, in"
+            else reversed(value(found.args["weight"]).shape)
+        )
+        text = f"linear {k} -> {out} + GELU ({'tanh' if found.form == 'tanh' else 'erf'})"
         if found.route == "gemm":
             return text + " -> fullgraph's GEMM with the exact GELU"
         if found.form != epilogue_form(self.tensor(found).device):
             text += " -> tanh GELU (approximate_gelu=True: a changed function)"
         return text
+
+
+def _conv1d(view: fx.Node, form: str) -> Found | str | None:
+    """transformers' Conv1D (GPT-2): `torch.addmm(bias, x2d, weight).view(shape)`, weight [in, out], as a Found; a
+    reason when it is one that cannot be rewritten; None for any other view."""
+    mm = view.args[0] if view.args else None
+    if not isinstance(mm, fx.Node) or mm.op != "call_function" or mm.target is not torch.addmm or mm.kwargs:
+        return None
+    if single_user(mm) is not view or len(mm.args) != 3:
+        return None
+    bias, x, w = (value(a) for a in mm.args)
+    if not all(isinstance(t, torch.Tensor) for t in (bias, x, w)) or x.dim() != 2 or w.dim() != 2:
+        return None
+    if bias.dim() != 1:
+        return "the bias is not one row: the epilogue adds a [out] bias"
+    if not (x.dtype == w.dtype == bias.dtype) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"dtypes {x.dtype}, {w.dtype}, {bias.dtype}: the epilogue takes one floating dtype"
+    shape = static_ints(tuple(value(view).shape))
+    if shape is None:
+        return "the output's shape is symbolic (dynamic)"
+    return Found({"input": mm.args[1], "weight": mm.args[2], "bias": mm.args[0]}, (view, mm), form,
+                 stored="in, out", shape=shape)  # fmt: skip
 
 
 _FORMS = {"tanh": "tanh", "none": "exact (erf)"}
