@@ -166,3 +166,25 @@ def test_transformers_classifiers_read_one_token_and_keep_their_values():
         assert "(3 linear)" in cm.stats.rewrites[0].detail  # the last layer's output projection and MLP
         assert cm.stats.graph_breaks == 0
         assert close(out, ref), type(model).__name__
+
+
+class RmsTail(nn.Module):
+    """An RMSNorm head (nn.RMSNorm, and F.rms_norm with the shape as a list): row-wise, so in the region."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix, self.fc, self.norm = nn.Linear(4, 4), nn.Linear(16, 16), nn.RMSNorm(16)
+
+    def forward(self, x):
+        x = self.mix(x.transpose(1, 2)).transpose(1, 2)  # mixes the tokens: where the region must stop
+        x = torch.nn.functional.rms_norm(self.fc(x), [16]) + x
+        return self.norm(x)[:, 0]
+
+
+def test_rms_norms_over_the_last_dim_are_row_wise():
+    torch.manual_seed(6)
+    model, x = RmsTail().eval(), torch.randn(2, 4, 16)
+    out, cm = run(model, x, rewrites=["token_select"])
+    (applied,) = cm.stats.rewrites
+    assert applied.detail == "token 0 of 4 computed alone through 4 row-wise nodes (1 linear)"
+    assert close(out, reference(model, x))

@@ -133,8 +133,7 @@ def make_pass(chosen: tuple[str, ...], *, forced: bool, approximate_gelu: bool, 
                     applied += done
                 except Exception as e:  # a rewrite's bug never costs the user's compile: it is reported, not applied
                     context.skipped.append(Skipped(name, "", "", f"failed, graph left as it was: {e!r}"[:300]))
-            if applied:
-                graph.eliminate_dead_code()
+            if applied:  # dead code went after each rewrite that applied
                 graph.lint()
                 graph.owning_module.recompile()
             recorder.add(applied, context.skipped)

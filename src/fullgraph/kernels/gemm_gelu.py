@@ -111,14 +111,11 @@ def gemm_gelu_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> 
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m and n:
+        triton, _ = require_triton()
         bm, bn, bk, group, warps, stages = config_for(m)
-        grid = (triton_cdiv(m, bm) * triton_cdiv(n, bn),)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         launch(_kernel())[grid](
             x, weight, bias, out, m, n, k, x.stride(0), weight.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
             GROUP_M=group, EVEN_K=k % bk == 0, IEEE=_ieee(x.dtype), num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -55,6 +55,11 @@ class Found:
     stored: str = "out, in"  # the weight's layout: nn.Linear's [out, in], or Conv1D's [in, out] (`addmm`)
     shape: tuple[int, ...] | None = None  # for `addmm(...).view(shape)`: the output's shape
 
+    def out_in(self) -> tuple[int, int]:
+        """The layer's (out, in) features, whichever way its weight is stored."""
+        out, k = value(self.args["weight"]).shape
+        return (out, k) if self.stored == "out, in" else (k, out)
+
 
 class GeluEpilogue(OpKernelRewrite):
     name = "gelu_epilogue"
@@ -121,8 +126,8 @@ class GeluEpilogue(OpKernelRewrite):
 
     def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
         a = found.args
-        x, w = value(a["input"]), value(a["weight"])
-        n, k = w.shape if found.stored == "out, in" else reversed(w.shape)
+        x = value(a["input"])
+        n, k = found.out_in()
         b = Builder(graph, node)
         flat = b(torch.reshape, a["input"], (-1, k)) if x.dim() != 2 else a["input"]
         if found.route == "gemm":
@@ -139,11 +144,7 @@ class GeluEpilogue(OpKernelRewrite):
             graph.erase_node(old)
 
     def detail(self, found: Found, context: Context) -> str:
-        out, k = (
-            value(found.args["weight"]).shape
-            if found.stored == "out, in"
-            else reversed(value(found.args["weight"]).shape)
-        )
+        out, k = found.out_in()
         text = f"linear {k} -> {out} + GELU ({'tanh' if found.form == 'tanh' else 'erf'})"
         if found.route == "gemm":
             return text + " -> fullgraph's GEMM with the exact GELU"

@@ -76,21 +76,25 @@ def _cone(out: fx.Node) -> tuple[list[fx.Node], fx.Node] | None:
     return list(cone), leaf
 
 
-def _evaluate(nodes: list[fx.Node], leaf: fx.Node, out: fx.Node) -> torch.Tensor | None:
+def _evaluate(leaf: fx.Node, out: fx.Node) -> torch.Tensor | None:
+    """`out` computed on PROBE in place of `leaf`, each node of the cone once (from its operands, depth first: no
+    ordering of the whole graph, which this runs for every candidate of it)."""
     vals: dict[fx.Node, torch.Tensor] = {leaf: PROBE}
-    order = {n: i for i, n in enumerate(out.graph.nodes)}
+
+    def of(a):
+        return at(a) if isinstance(a, fx.Node) else a
+
+    def at(n: fx.Node) -> torch.Tensor:
+        if n not in vals:
+            args, kwargs = [of(a) for a in n.args], {k: of(v) for k, v in n.kwargs.items()}
+            fn = n.target if n.op == "call_function" else getattr(args.pop(0), n.target)
+            vals[n] = fn(*args, **kwargs)
+        return vals[n]
+
     try:
-        for n in sorted(nodes, key=order.__getitem__):
-            args = [vals[a] if isinstance(a, fx.Node) else a for a in n.args]
-            kwargs = {k: vals[v] if isinstance(v, fx.Node) else v for k, v in n.kwargs.items()}
-            vals[n] = (
-                n.target(*args, **kwargs)
-                if n.op == "call_function"
-                else getattr(args[0], n.target)(*args[1:], **kwargs)
-            )
+        y = at(out)
     except Exception:  # not a function of one tensor after all (a shape-dependent method): no match
         return None
-    y = vals[out]
     return y if isinstance(y, torch.Tensor) and y.shape == PROBE.shape else None
 
 
@@ -110,7 +114,7 @@ class GeluFormula(PatternRewrite):
             return None
         if not any(n.target in TELLING for n in nodes):
             return None
-        y = _evaluate(nodes, leaf, node)
+        y = _evaluate(leaf, node)
         if y is None:
             return None
         for form in ("tanh", "none"):

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from fullgraph.compile.rewrites import Context
-from fullgraph.rewrite._fx import Builder, PatternRewrite, call_args, value
+from fullgraph.rewrite._fx import Builder, PatternRewrite, call_args, static_ints, value
 from fullgraph.rewrite.norms import last_dim_layer_norm
 
 LINEAR = (torch._C._nn.linear, F.linear)
@@ -101,8 +101,9 @@ def _token_inputs(node: fx.Node, n: int) -> list[fx.Node] | None:
         a = call_args(node, ("input", "weight", "bias"), {"bias": None})
         ok = a is not None and _has_tokens(a["input"], n) and value(a["weight"]).dim() == 2
         return [a["input"]] if ok else None
-    if last_dim_layer_norm(node) is not None or (target in RMS_NORM and _last_dim_rms_norm(node)):
-        return [args[0]] if _has_tokens(args[0], n) else None
+    normed = _last_dim_norm_input(node)
+    if normed is not None:
+        return [normed] if _has_tokens(normed, n) else None
     if target in UNARY:
         extra = [a for a in (*args[1:], *node.kwargs.values()) if isinstance(a, fx.Node)]
         return [args[0]] if args and _has_tokens(args[0], n) and not extra else None
@@ -113,10 +114,16 @@ def _token_inputs(node: fx.Node, n: int) -> list[fx.Node] | None:
     return None
 
 
-def _last_dim_rms_norm(node: fx.Node) -> bool:
-    a = call_args(node, ("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None})
-    x = value(a["input"]) if a else None
-    return isinstance(x, torch.Tensor) and tuple(a["normalized_shape"]) == (x.shape[-1],)
+def _last_dim_norm_input(node: fx.Node) -> Any:
+    """The input of a LayerNorm (`rewrite.norms.last_dim_layer_norm`) or an RMSNorm over its input's last dim; None
+    for any other node."""
+    a = last_dim_layer_norm(node)
+    if a is None and node.target in RMS_NORM:
+        a = call_args(node, ("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None})
+        x = value(a["input"]) if a else None
+        width = static_ints(x.shape[-1]) if isinstance(x, torch.Tensor) and x.dim() else None
+        a = a if width is not None and static_ints(a["normalized_shape"]) == width else None
+    return None if a is None else a["input"]
 
 
 class TokenSelect(PatternRewrite):
@@ -160,14 +167,14 @@ class TokenSelect(PatternRewrite):
         def mapped(arg: Any, anchor: fx.Node) -> Any:
             if not isinstance(arg, fx.Node):
                 return arg
-            if arg in one:
-                return one[arg]
-            if _has_tokens(arg, found.tokens):  # a boundary: the selection moves here
-                one[arg] = Builder(graph, anchor)(operator.getitem, arg, (slice(None), i))
-                return one[arg]
-            if _one_token(arg):
-                return Builder(graph, anchor)(operator.getitem, arg, (slice(None), 0))
-            return arg
+            if arg not in one:
+                if _has_tokens(arg, found.tokens):  # a boundary: the selection moves here
+                    one[arg] = Builder(graph, anchor)(operator.getitem, arg, (slice(None), i))
+                elif _one_token(arg):  # broadcast along the tokens: its one row
+                    one[arg] = Builder(graph, anchor)(operator.getitem, arg, (slice(None), 0))
+                else:
+                    return arg
+            return one[arg]
 
         for m in found.region:
             args = tuple(mapped(a, m) for a in m.args)
