@@ -40,7 +40,7 @@ import torch.nn.functional as F
 import fullgraph.kernels.gemm_gelu as gg
 from fullgraph.bench.suites.sweep import merge_points
 from fullgraph.ops import measured
-from fullgraph.timing import measure
+from fullgraph.timing import round_medians
 
 WIDTHS = (96, 192, 384, 768, 1024, 1280)  # ConvNeXt-T's stages, ViT-S, ViT-B / BERT-base, ViT-L, ViT-H
 ROWS = (256, 1024, 4096, 16384, 65536, 262144)  # x4 apart: each decision point speaks for rows within 2x
@@ -77,7 +77,7 @@ def ours(tile, x, w, b):
 
 
 def time_shape(m, k, tiles, device, dtype, a, failed: list[str]) -> dict[tuple[str, str], float]:
-    """{(variant, mode): ms} at one shape, each the median of its round medians (variants interleaved per round);
+    """{(variant, mode): ms} at one shape, each the median of its round medians (`fullgraph.timing.round_medians`);
     outputs checked against float64 first."""
     torch.manual_seed(0)
     n = 4 * k
@@ -94,15 +94,11 @@ def time_shape(m, k, tiles, device, dtype, a, failed: list[str]) -> dict[tuple[s
         err = ((fn().double() - ref).norm() / ref.norm()).item()
         if name != "cuBLASLt tanh" and not err < 1e-2:
             failed.append(f"{m}x{k} {name}: relative error {err:.2e}")
-    modes = MODES if device == "cuda" else MODES[:1]
-    rounds: dict[tuple[str, str], list[float]] = {(v, mode): [] for v in fns for mode in modes}
-    names = list(fns)
-    for r in range(a.rounds):  # each round starts one variant further along (fullgraph.timing.round_medians)
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            for mode in modes:
-                t = measure(fns[name], device=device, warmup=2, reps=a.reps, graph=mode == "graphed")
-                rounds[(name, mode)].append(t.median_ms)
-    return {key: sorted(v)[len(v) // 2] for key, v in rounds.items()}
+    ms = {}
+    for mode in MODES if device == "cuda" else MODES[:1]:  # variants interleaved per round, each mode apart
+        medians = round_medians(fns, device=device, rounds=a.rounds, reps=a.reps, graph=mode == "graphed")
+        ms |= {(name, mode): sorted(v)[len(v) // 2] for name, v in medians.items()}
+    return ms
 
 
 def speed(found: dict, variant: str, mode: str) -> float:

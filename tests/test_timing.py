@@ -145,3 +145,5 @@ def test_round_medians_start_each_round_one_callable_further_along():
     assert {n: len(m) for n, m in out.items()} == {"a": 4, "b": 4, "c": 4}
     assert len(calls) == 4 * 3 * (1 + 2)
     assert timing.round_medians({}, device="cpu", rounds=4) == {}  # nothing to time: no rounds
+    with pytest.raises(UsageError, match="graph=True needs a CUDA device"):  # graph= reaches each measurement
+        timing.round_medians({"a": recorder("a")}, device="cpu", rounds=1, graph=True)

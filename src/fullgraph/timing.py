@@ -180,6 +180,7 @@ def round_medians(
     rounds: int = 5,
     warmup: int = 2,
     reps: int = 20,
+    graph: bool = False,
 ) -> dict[str, list[float]]:
     """Time every callable once per round, all of them in turn in each round, so a busy spell slows the variants
     of its round alike: name -> the median ms of each of its rounds (take their median, min and max).
@@ -187,12 +188,13 @@ def round_medians(
     Each round starts one callable further along, so no callable holds one place in every round: in fixed order a
     place can carry a bias of its own (the DiT suite at 1024 tokens on the H200, where the first callable always
     ran right after the last one, an eager call: a second instance of that same first model measured 0.95-0.97x of
-    it in all four calls of two sessions, benchmarks/results/dit_h200.txt, "plain again")."""
+    it in all four calls of two sessions, benchmarks/results/dit_h200.txt, "plain again"). `graph=True`: each call
+    replayed from a CUDA graph (`measure`'s)."""
     medians: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds if names else 0):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            medians[name].append(measure(fns[name], device=device, warmup=warmup, reps=reps).median_ms)
+            medians[name].append(measure(fns[name], device=device, warmup=warmup, reps=reps, graph=graph).median_ms)
     return medians
 
 
