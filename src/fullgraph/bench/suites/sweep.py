@@ -199,10 +199,12 @@ def decisions(rows: list[Result]) -> list[dict]:
 def write_decisions(path: str, rows: list[Result]) -> None:
     """The decision points of `rows` written to `path` (format: docs/decisions.md), merged into what the file holds
     already (`merge_points`), so the grid can be measured in parts (`--only`) into one file."""
+    from fullgraph.ops.measured import torch_version
+
     measured_now: dict[tuple[str, str], tuple[str, list[Result]]] = {}
     for r in rows:
         if r.suite == "dit":
-            key = (r.gpu, ".".join(r.torch.split("+")[0].split(".")[:2]))
+            key = (r.gpu, torch_version(r.torch))
             measured_now.setdefault(key, (r.triton, []))[1].append(r)
     merge_points(path, {key: (triton, decisions(found)) for key, (triton, found) in measured_now.items()})
 
