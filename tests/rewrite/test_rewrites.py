@@ -213,6 +213,19 @@ def test_the_pass_identity_covers_the_choice_and_the_rewrites_sources(monkeypatc
     assert base != ident("patch_gemm", approximate_gelu=False)
 
 
+def test_the_pass_pickles_as_its_identity_as_inductors_cache_keys_pickle_it():
+    # torch 2.9-2.12 pickle Inductor's config, this pass included, into the FX-graph and AOTAutograd cache keys: a
+    # pass that does not pickle bypassed both caches on every compile (H200, torch 2.11)
+    import pickle
+
+    rec = registry.Recorder()
+    make = lambda *names: registry.make_pass(names, forced=False, approximate_gelu=False, recorder=rec)  # noqa: E731
+    one, again, other = make("patch_gemm"), make("patch_gemm"), make("patch_gemm", "token_select")
+    assert pickle.dumps(one) == pickle.dumps(again) != pickle.dumps(other)
+    assert one.uuid().encode() in pickle.dumps(one)
+    assert pickle.loads(pickle.dumps({"pre_grad_custom_pass": one})) == {"pre_grad_custom_pass": None}
+
+
 def test_a_warm_inductor_cache_still_reports_the_rewrites(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch.manual_seed(6)

@@ -149,7 +149,19 @@ def make_pass(chosen: tuple[str, ...], *, forced: bool, approximate_gelu: bool, 
                 h.update(repr(prev).encode())
             return h.hexdigest()
 
+        def __reduce__(self) -> tuple[Any, tuple[str]]:
+            # Torch 2.9-2.12 pickle Inductor's config into the FX-graph and AOTAutograd cache keys, this pass with it
+            # (2.13 leaves it out and hashes uuid()): a local class does not pickle, and every compile then bypassed
+            # both caches (seen on the H200, torch 2.11). Pickled, the pass is its uuid.
+            return _unpickled_pass, (self.uuid(),)
+
     return RewritePass()
+
+
+def _unpickled_pass(uuid: str) -> None:
+    """What a pickled rewrite pass becomes (`RewritePass.__reduce__`): nothing to run. Pickles of Inductor's config
+    are cache keys; a compile never runs from one."""
+    return None
 
 
 def with_rewrites(resolved: Resolved, chosen: tuple[str, ...], *, forced: bool, approximate_gelu: bool,
