@@ -73,16 +73,28 @@ def _options_text(options: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _resolved(preset: str) -> Any:
+    """The preset's configuration as `fullgraph.compile(model, preset)` compiles it: its Inductor options and the
+    pass of its default rewrites (`rewrites="auto"`), so the published code is the code a cold replica compiles."""
+    from fullgraph.compile.presets import get_preset
+    from fullgraph.compile.rewrites import Recorder, with_rewrites
+
+    resolved = resolve(preset)
+    return with_rewrites(resolved, get_preset(preset).rewrites, forced=False, approximate_gelu=False,
+                         recorder=Recorder())  # fmt: skip
+
+
 def describe(model: torch.nn.Module, inputs: Sequence[Any], *, preset: str,
              dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None) -> dict[str, Any]:  # fmt: skip
-    """What the published code depends on (module docstring), as JSON-able data."""
-    resolved = resolve(preset)
+    """What the published code depends on (module docstring), as JSON-able data: the rewrite pass by its identity
+    (the rewrites' sources and decision data)."""
+    resolved = _resolved(preset)
     return {
         "model": f"{type(model).__module__}.{type(model).__qualname__}",
         "parameters": [[n, list(t.shape), str(t.dtype)] for n, t in model.state_dict().items()],
         "preset": resolved.preset,
         "mode": resolved.mode,
-        "options": _options_text(resolved.options),
+        "options": _options_text(resolved.compile_kwargs().get("options", {})),
         "policies": dict(sorted(policies.snapshot().items())),
         "inputs": input_signature(tuple(inputs)),
         "dynamic": {k: {str(d): list(r) for d, r in v.items()} for k, v in (dynamic or {}).items()},
@@ -106,13 +118,13 @@ def publish(model: torch.nn.Module, inputs: Sequence[Any], url: str | None = Non
     url = redis_url(url, "give the Redis URL (url=...)")
     secret = _secret(key)
     inputs = tuple(inputs)
-    resolved = resolve(preset)
+    resolved = _resolved(preset)
     if resolved.backend != "inductor":
         raise UsageError(f"preset {preset!r} compiles with {resolved.backend!r}; published code is Inductor's")
     name = artifact_key(model, inputs, preset=preset, dynamic=dynamic)
     with tempfile.TemporaryDirectory(prefix="fullgraph-publish-") as work:
         path = os.path.join(work, "model.fgpre")
-        save_precompiled(model, inputs, path, dynamic=dynamic, options=resolved.options)
+        save_precompiled(model, inputs, path, dynamic=dynamic, options=resolved.compile_kwargs().get("options", {}))
         data = precompiled_bytes(path)
     entry = wrap(secret, name, data, environment())
     c = client(url, password, timeout)
