@@ -114,6 +114,15 @@ def test_recorded_specs_rebuild_the_example_inputs_or_ask_for_them():
 
 
 @pytest.mark.slow
+def test_inputs_given_in_the_dtype_the_model_is_cast_to_are_taken(target, tmp_path, capsys):
+    # `--input ...:bf16 --dtype bf16`: the eager reference runs the model as built (fp32 inputs), not bf16 inputs
+    # into fp32 weights, which failed as "the model fails in eager mode" (timm ViT-B/16 on the H200)
+    package = tmp_path / "block16.pt2"
+    flags = ["--ops", "none", "--dtype", "bf16", "--no-check", "--input", "2x5x32:bf16", "--input", "2x32:bf16"]
+    assert main(["export", f"{target}:block", "-o", str(package), *flags]) == 0
+    assert "inputs 2x5x32:bfloat16, 2x32:bfloat16" in capsys.readouterr().out
+
+
 def test_export_checks_the_package_and_load_runs_it_in_a_fresh_process(target, tmp_path, capsys):
     package = tmp_path / "block.pt2"
     flags = ["--ops", "none", "--dynamic", '{"x": {"1": [1, 64]}}']  # native forms: no Triton needed to run it

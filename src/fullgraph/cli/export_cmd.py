@@ -146,9 +146,13 @@ def run_export(args) -> int:
             raise UsageError(f"{args.target} is a function; export takes an nn.Module (wrap it in one)")
         if example.kwargs:
             raise UsageError(f"export takes positional inputs only; {', '.join(example.kwargs)} given by name")
+        reference = example
+        own = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        if dtype is not None and own is not None:  # `--input ...:bf16 --dtype bf16`: the reference runs as built
+            reference = example.cast(own)
         with torch.no_grad():
             try:
-                ref = example.call(model)
+                ref = reference.call(model)
             except Exception as e:
                 raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
         x = example
