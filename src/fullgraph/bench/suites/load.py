@@ -341,7 +341,11 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
                     driver = None
                     torch._dynamo.reset()  # Dynamo's code caches outlive a callable: a fresh one starts from none
                     driver = Driver(open_callable(), sets, device)
-                results[kind].append(measure_point(plan, driver, n, say))
+                point = measure_point(plan, driver, n, say)
+                results[kind].append(point)
+                # each point as it ends: a process that dies later (a CUDA abort in torch) still leaves its figures
+                say(f"{plan.label(kind)}, {n} thread{'s' * (n != 1)}: {point.calls_per_s:.1f} calls/s, "
+                    f"{point.checks.wrong} wrong of {point.checks.checked}, {point.exceptions} exceptions")  # fmt: skip
             driver = None  # the next kind's memory readings start without this one's graphs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
