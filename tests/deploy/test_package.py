@@ -189,6 +189,19 @@ def test_cuda_graphs_on_a_cpu_package_are_refused_before_the_probe(tmp_path, mon
         load(fake_package(tmp_path / "m.pt2"), cuda_graphs=True)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"runners": 0}, r"runners=0: give how many model instances to keep, a positive int"),
+        ({"runners": True}, r"runners=True: give how many"),
+        ({"runners": 2, "cuda_graphs": True}, r"runners=2 with cuda_graphs=True: the replayed model runs single"),
+    ],
+)
+def test_bad_runners_are_refused_before_the_file_is_read(tmp_path, kwargs, says):
+    with pytest.raises(UsageError, match=says):
+        load(tmp_path / "absent.pt2", **kwargs)
+
+
 @pytest.mark.gpu
 def test_a_cuda_package_replays_from_a_cuda_graph_and_matches_its_plain_load(tmp_path):
     model = MLP(dim=64, hidden=128, out=16).cuda().eval()
@@ -319,9 +332,10 @@ def test_out_of_memory_in_a_package_call_names_the_inputs(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_package):
+@pytest.mark.parametrize("runners", [1, 3])
+def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_package, runners):
     path, _ = mlp_package
-    loaded = load(path, probe_first=False)
+    loaded = load(path, probe_first=False, runners=runners)  # 3: calls of several threads run at once
     inputs = [torch.randn(4, 8) for _ in range(16)]
     cold = threaded(loaded, inputs[:8], rounds=1)  # the first calls, all at once
     with torch.no_grad():

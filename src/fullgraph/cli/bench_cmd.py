@@ -184,6 +184,10 @@ SUITES = {
                 },
             ),
             ("--cuda-graphs", {"action": "store_true", "help": "a package's calls replayed from CUDA graphs"}),
+            (
+                "--runners",
+                {"type": int, "default": 1, "help": "a package's model instances (deploy.load's runners=; default 1)"},
+            ),
             ("--input-sets", {"type": int, "default": 8, "help": "distinct random input sets (default 8)"}),
         ],
     ),
@@ -313,8 +317,8 @@ def _load_sources(args):
     from fullgraph.cli.progress import progress_reporter
     from fullgraph.diagnose.target import inputs_from_specs, load_target
 
-    def open_package(path, cuda_graphs, specs):
-        loaded = deploy.load(path, cuda_graphs=cuda_graphs)
+    def open_package(path, specs, **options):
+        loaded = deploy.load(path, **options)
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
         return loaded, inputs_from_specs(specs or recorded_specs(loaded.inputs, os.path.basename(path)), device)
 

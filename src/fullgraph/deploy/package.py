@@ -283,7 +283,7 @@ def _loader_class() -> Any:
 
 
 def open_package(
-    path: str, device_index: int = -1, model_name: str = "model", single_threaded: bool = False
+    path: str, device_index: int = -1, model_name: str = "model", single_threaded: bool = False, runners: int = 1
 ) -> Callable:
     """The package's model, loaded by torch's C++ loader (`torch._C._aoti.AOTIModelPackageLoader`) directly. torch's
     `aoti_load_package` first reads the archive through torch.export's PT2 reader in Python: for a 190 MB package on
@@ -293,15 +293,19 @@ def open_package(
     `single_threaded=True` runs the model without the runtime's pool of model instances, whose bookkeeping queries a
     CUDA event at every call (`cudaEventQuery`, which a CUDA graph capture refuses: "operation not permitted when
     stream is capturing", H200, torch 2.11) and records one: the form to capture, callable from one thread at a
-    time."""
+    time. Otherwise the pool holds `runners` instances of the model (AOTInductor's `num_runners`; one set of
+    weights, an activation arena each): a call takes a free instance, and with one, a call waits until the previous
+    call's kernels have finished on the GPU before it launches its own."""
     loader_class = _loader_class()
     if loader_class is not None:
         try:
-            loader = loader_class(path, model_name, single_threaded, 1, device_index)
+            loader = loader_class(path, model_name, single_threaded, runners, device_index)
         except TypeError:  # another signature: torch's own route below
             pass
         else:
             return PackageCall(loader)
+    if runners != 1:
+        raise DeployError(f"runners={runners}: this torch's package loader takes no count of model instances")
     return torch._inductor.aoti_load_package(path, run_single_threaded=single_threaded, device_index=device_index)
 
 
@@ -392,6 +396,7 @@ def load(
     probe_first: bool = True,
     probe_timeout: float = PROBE_TIMEOUT_S,
     cuda_graphs: bool = False,
+    runners: int = 1,
 ) -> LoadedPackage:
     """Load an AOTInductor package as a callable, without risking this process.
 
@@ -404,11 +409,17 @@ def load(
     signature from a CUDA graph after its first two calls (`fullgraph.compile.GraphedCall`: the package's kernel
     launches without the host between them, which is what small batches wait on); calls run under no_grad, and the
     model runs single-threaded (`open_package`), and GraphedCall serialises its calls. Either way the result is
-    callable from many threads at once (`LoadedPackage.__call__`).
+    callable from many threads at once (`LoadedPackage.__call__`). `runners` (without cuda_graphs) is how many
+    instances of the model the runtime keeps, so that calls from several threads, or one thread's next call, need
+    not wait for the previous call's kernels (`open_package`); each costs one more activation arena, not weights.
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
     shown = display_path(path)
+    if isinstance(runners, bool) or not isinstance(runners, int) or runners < 1:
+        raise UsageError(f"runners={runners!r}: give how many model instances to keep, a positive int (default 1)")
+    if cuda_graphs and runners != 1:
+        raise UsageError(f"runners={runners} with cuda_graphs=True: the replayed model runs single-threaded; drop one")
     sha, meta, ops = _read_package(path)
     if ops:  # only then: fullgraph.ops imports Dynamo and Triton, which loading a package needs no more
         import fullgraph.ops  # registers our custom ops, which the package calls
@@ -432,7 +443,7 @@ def load(
     # inputs of other shapes, dtypes or devices than exported fails by name instead of computing garbage.
     os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     try:
-        model = open_package(path, device_index, single_threaded=cuda_graphs)
+        model = open_package(path, device_index, single_threaded=cuda_graphs, runners=runners)
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
     if cuda_graphs:

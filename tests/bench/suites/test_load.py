@@ -136,6 +136,8 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
         (("--cuda-graphs",), "--cuda-graphs replays a package's calls"),
         (("--preset", "fastest"), "fastest"),
         (("--input-sets", "0"), "--input-sets 0"),
+        (("--runners", "2"), "--runners 2: a package's model instances, for --callable package without"),
+        (("--callable", "package", "--cuda-graphs", "--runners", "2"), "--runners 2: a package's model instances"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):

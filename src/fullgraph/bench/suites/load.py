@@ -76,7 +76,7 @@ class Sources:
     import everything): how to read a TARGET, and fullgraph.deploy's functions."""
 
     load_target: Callable[[str, Sequence[str], torch.device], tuple[Any, Any]]  # -> (model, Example on device)
-    open_package: Callable[[str, bool, Sequence[str]], tuple[Any, Any]]  # (.pt2, cuda_graphs, --input) -> same
+    open_package: Callable[..., tuple[Any, Any]]  # (.pt2, --input, cuda_graphs=, runners=) -> (loaded, inputs)
     export: Callable[..., str]  # fullgraph.deploy.export(model, args, path, preset=)
     save_precompiled: Callable[..., Any]  # (model, args, path, mode=)
     load_precompiled: Callable[[str, torch.nn.Module], Callable]
@@ -98,6 +98,7 @@ class Plan:
     input_specs: tuple[str, ...] = ()
     input_sets: int = INPUT_SETS
     package: str | None = None  # the package of kind "package" for a Python TARGET (default: exported here)
+    runners: int = 1  # the package's model instances (`fullgraph.deploy.load(..., runners=)`)
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -111,9 +112,17 @@ class Plan:
             raise UsageError(f"{self.target} is a package: it runs as --callable package, not {','.join(self.kinds)}")
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
+        if self.runners != 1 and ("package" not in self.kinds or self.cuda_graphs):
+            raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package without "
+                             "--cuda-graphs")  # fmt: skip
         if self.package is not None and ("package" not in self.kinds or not self.package.endswith(".pt2")):
             raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package")
         fg_compile.get_preset(self.preset)  # an unknown name is a UsageError listing the presets
+
+    @property
+    def package_options(self) -> dict[str, Any]:
+        """How `fullgraph.deploy.load` opens the package."""
+        return {"cuda_graphs": self.cuda_graphs, "runners": self.runners}
 
     @property
     def mode(self) -> str | None:
@@ -124,7 +133,9 @@ class Plan:
             "compiled": f"compiled {self.preset}",
             "bucketed": f"bucketed {self.preset}",
             "precompiled": f"precompiled {self.mode or 'default'}",
-            "package": "package cuda-graphs" if self.cuda_graphs else "package",
+            "package": "package cuda-graphs"
+            if self.cuda_graphs
+            else "package" + (f", {self.runners} runners" if self.runners != 1 else ""),
             "plain": f"torch.compile {self.mode or 'default'}",
             "locked": f"torch.compile {self.mode or 'default'}, locked",
             "eager": "eager",
@@ -146,6 +157,7 @@ def plan_from(args) -> Plan:
         input_specs=tuple(args.input),
         input_sets=args.input_sets,
         package=args.package,
+        runners=args.runners,
     )
 
 
@@ -170,7 +182,7 @@ def input_sets(example: Inputs, n: int, shorter: bool) -> list[Inputs]:
 def load_model(plan: Plan, sources: Sources) -> tuple[Any, Inputs]:
     """The TARGET's model and example inputs; for a package TARGET, the package loaded (the first callable)."""
     if plan.target.endswith(".pt2"):
-        loaded, example = sources.open_package(plan.target, plan.cuda_graphs, plan.input_specs)
+        loaded, example = sources.open_package(plan.target, plan.input_specs, **plan.package_options)
         return loaded, _pair(example)
     model, example = sources.load_target(plan.target, plan.input_specs, torch.device(plan.device))
     x = _pair(example)
@@ -187,7 +199,7 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
     kind (a precompile, an export) happens here, once."""
     if plan.target.endswith(".pt2"):
         first = iter([model])  # loaded by load_model, not called yet; later ones load the file again
-        return lambda: next(first, None) or sources.open_package(plan.target, plan.cuda_graphs, ())[0]
+        return lambda: next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
     if kind == "compiled":
         return lambda: fg_compile.compile(model, plan.preset)
     if kind == "bucketed":
@@ -207,7 +219,7 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
     if path is None:
         sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
         path = sources.export(model, x[0], os.path.join(work, "model.pt2"), preset=plan.preset)
-    return lambda: sources.open_package(path, plan.cuda_graphs, ())[0]
+    return lambda: sources.open_package(path, (), **plan.package_options)[0]
 
 
 def _locked(fn: Callable) -> Callable:
@@ -303,6 +315,7 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
                         "mem_growth": (p.growth, "")}  # fmt: skip
             metrics |= {k: v for k, v in optional.items() if v[0] is not None}
             params = {"target": plan.target, "callable": kind, "preset": plan.preset, "cuda_graphs": plan.cuda_graphs,
+                      "runners": plan.runners,
                       "start": start, "threads": p.threads, "seconds": plan.seconds, "input_sets": plan.input_sets,
                       **({"error": p.first_error} if p.first_error else {})}  # fmt: skip
             threads = f"{p.threads} thread{'s' * (p.threads != 1)}"
