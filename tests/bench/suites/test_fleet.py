@@ -1,5 +1,6 @@
 import argparse
 import json
+import re
 
 import pytest
 
@@ -29,9 +30,13 @@ def test_later_replicas_have_no_remote_fx_graph_misses_and_published_replicas_co
     second sequential replica's FX graph comes from Redis; after one process published the precompiled code, each
     published replica runs it (no frame compiled: no FX-graph lookup at all) and matches eager fp32."""
     url = f"redis://:{redis.password}@127.0.0.1:{redis.port}/0"
+    said: list[str] = []
     rows, table, failure = fleet.run(_args(remote=url, variants="sequential,published"),
-                                     fleet.Sources(None, lambda msg: None))  # fmt: skip
+                                     fleet.Sources(None, said.append))  # fmt: skip
     assert failure is None, table
+    # each replica's figures as it finished, before the table (a run cut short keeps them)
+    line = next(m for m in said if m.startswith("sequential-2: first_output_s"))
+    assert re.match(r"sequential-2: first_output_s [\d.]+, median_ms [\d.]+, FX hit/miss 1/0, remote", line), line
     value = {(r.variant, r.metric): r.value for r in rows}
     assert value[("sequential-2", "fxgraph_cache_hit")] == 1 and value[("sequential-2", "fxgraph_cache_miss")] == 0
     assert value[("sequential-2", "remote_miss")] == 0 and value[("sequential-2", "remote_refused")] == 0
@@ -46,6 +51,17 @@ def test_later_replicas_have_no_remote_fx_graph_misses_and_published_replicas_co
         value[("sequential-2", "first_output_s")] / value[("sequential-1", "first_output_s")]
     )
     assert "published precompiled code" in table and "published-0" in table
+
+
+def test_a_replica_is_summed_up_in_one_line():
+    child = {"first_output_s": 1.5, "median_ms": 0.77, "counters": {}, "how": "published precompiled code"}
+    ok = {"name": "published-1", "ok": True, "error": None, "remote": {"hit": 1, "miss": 2}, "child": child}
+    assert fleet.summary(ok) == (
+        "published-1: first_output_s 1.500, median_ms 0.770, FX hit/miss 0/0, remote hit/miss/refused 1/2/0 "
+        "(published precompiled code)"
+    )
+    failed = {"name": "cold-2", "ok": False, "error": "exit 1: RuntimeError: boom", "remote": {}, "child": {}}
+    assert fleet.summary(failed) == "cold-2: exit 1: RuntimeError: boom"
 
 
 def test_the_cold_median_is_the_baseline_and_a_fallback_is_a_failure():

@@ -122,24 +122,45 @@ def _finish(started: tuple[str, subprocess.Popen, float], work: str, timeout: fl
             "remote": remote, "output": output}  # fmt: skip
 
 
+def summary(r: dict[str, Any]) -> str:
+    """One replica's figures in a line, said as it finishes: a run cut short (a device call's time limit) keeps them."""
+    if not r["ok"]:
+        return f"{r['name']}: {r['error']}"
+    c, remote = r["child"], r["remote"]
+    counters = c.get("counters") or {}
+    figures = [f"{k} {c[k]:.3f}" for k in ("first_output_s", "median_ms", "publish_s") if c.get(k) is not None]
+    figures.append(f"FX hit/miss {counters.get('fxgraph_cache_hit', 0)}/{counters.get('fxgraph_cache_miss', 0)}")
+    if remote:
+        figures.append(
+            f"remote hit/miss/refused {remote.get('hit', 0)}/{remote.get('miss', 0)}/{remote.get('refused', 0)}"
+        )
+    return f"{r['name']}: " + ", ".join(figures) + (f" ({c['how']})" if c.get("how") else "")
+
+
 def run_variant(variant: str, plan: Plan, work: str, url: str, key: str, n: int, say) -> list[dict[str, Any]]:
-    """The replicas of one variant, finished (the published variant's publisher first, as replica 0)."""
+    """The replicas of one variant, finished (the published variant's publisher first, as replica 0), each said in
+    a line as it finishes."""
     names = [f"{variant}-{i + 1}" for i in range(n)]
+    done: list[dict[str, Any]] = []
+
+    def finish(started: tuple[str, subprocess.Popen, float]) -> dict[str, Any]:
+        done.append(_finish(started, work, plan.timeout))
+        say(summary(done[-1]))
+        return done[-1]
+
     if variant == "together":
         say(f"{variant}: {n} fresh processes at once")
-        started = [_start(name, plan, work, url, key) for name in names]
-        return [_finish(s, work, plan.timeout) for s in started]
-    done = []
+        for started in [_start(name, plan, work, url, key) for name in names]:
+            finish(started)
+        return done
     if variant == "published":
         say(f"{variant}-0: publishing the precompiled code (fullgraph.deploy.publish)")
-        done.append(_finish(_start(f"{variant}-0", plan, work, url, key, action="publish"), work, plan.timeout))
-        if not done[0]["ok"]:
+        if not finish(_start(f"{variant}-0", plan, work, url, key, action="publish"))["ok"]:
             return done
     action = {"published": "serve"}.get(variant, "compile")
     for name in names:
         say(f"{name}: a fresh process with an empty local cache" + (", no remote cache" if variant == "cold" else ""))
-        done.append(_finish(_start(name, plan, work, None if variant == "cold" else url, key, action), work,
-                            plan.timeout))  # fmt: skip
+        finish(_start(name, plan, work, None if variant == "cold" else url, key, action))
     return done
 
 
