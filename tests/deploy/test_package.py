@@ -358,3 +358,19 @@ def test_two_processes_updating_one_memo_keep_every_entry(tmp_path):
     missing = [f"p{n}-{k}" for n in range(4) for k in range(120) if f"p{n}-{k}" not in saved]
     assert missing == [] and len(saved) == 480
     assert sorted(p.name for p in memo.parent.iterdir()) == [_probe.PROBE_FILE, _probe.PROBE_FILE + ".lock"]
+
+
+@pytest.mark.slow
+def test_bench_load_runs_a_package_alone_and_behind_one_lock(mlp_package, tmp_path, capsys):
+    from fullgraph.bench.results import read_csv
+    from fullgraph.cli.main import main
+
+    path, _ = mlp_package
+    csv = tmp_path / "load.csv"
+    args = ["--callable", "package,locked", "--runners", "2", "--device", "cpu", "--threads", "1,8", "--seconds", "0.3"]
+    assert main(["bench", "load", str(path), *args, "--csv", str(csv)]) == 0
+    got = {(r.variant, r.metric): r.value for r in read_csv(csv)}
+    for variant in ("package, 2 runners, warm", "package, locked, warm"):
+        assert got[(f"{variant}, 8 threads", "checked")] > 0 and got[(f"{variant}, 8 threads", "wrong")] == 0
+        assert got[(f"{variant}, 8 threads", "exceptions")] == 0 and got[(f"{variant}, 8 threads", "calls")] > 0
+    assert "package, locked" in capsys.readouterr().out

@@ -149,7 +149,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
 
 def test_a_package_file_runs_only_as_a_package(tmp_path, capsys):
     assert main(["bench", "load", str(tmp_path / "model.pt2"), "--callable", "compiled", *FAST]) == 2
-    assert "model.pt2 is a package: it runs as --callable package" in capsys.readouterr().err
+    assert "model.pt2 is a package: it runs as --callable package (or locked" in capsys.readouterr().err
 
 
 def test_input_sets_vary_the_floats_and_keep_ids():

@@ -63,7 +63,7 @@ KINDS = {
     "package": "an AOTInductor package: a .pt2 TARGET, or exported here (minutes on a GPU); with --cuda-graphs",
     "plain": "torch.compile(model, mode=the preset's mode), for comparison",
     "locked": "torch.compile(model, mode=the preset's mode) behind one lock, outputs cloned inside it: what a server "
-    "writes by hand, the floor fullgraph's callables must not fall below",
+    "writes by hand, the floor fullgraph's callables must not fall below (a .pt2 TARGET: the package behind one lock)",
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
 INPUT_SETS = 8
@@ -108,8 +108,9 @@ class Plan:
             raise UsageError(f"--seconds {self.seconds:g}: give the seconds each thread count is timed, e.g. 30")
         if self.input_sets < 1:
             raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
-        if self.target.endswith(".pt2") and self.kinds != ("package",):
-            raise UsageError(f"{self.target} is a package: it runs as --callable package, not {','.join(self.kinds)}")
+        if self.target.endswith(".pt2") and not set(self.kinds) <= {"package", "locked"}:
+            raise UsageError(f"{self.target} is a package: it runs as --callable package (or locked: behind one lock), "
+                             f"not {','.join(self.kinds)}")  # fmt: skip
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
         if self.runners != 1 and ("package" not in self.kinds or self.cuda_graphs):
@@ -137,7 +138,9 @@ class Plan:
             if self.cuda_graphs
             else "package" + (f", {self.runners} runners" if self.runners != 1 else ""),
             "plain": f"torch.compile {self.mode or 'default'}",
-            "locked": f"torch.compile {self.mode or 'default'}, locked",
+            "locked": "package, locked"
+            if self.target.endswith(".pt2")
+            else f"torch.compile {self.mode or 'default'}, locked",
             "eager": "eager",
         }[kind]
 
@@ -199,7 +202,12 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
     kind (a precompile, an export) happens here, once."""
     if plan.target.endswith(".pt2"):
         first = iter([model])  # loaded by load_model, not called yet; later ones load the file again
-        return lambda: next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
+
+        def package() -> Callable:
+            loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
+            return _locked(loaded) if kind == "locked" else loaded
+
+        return package
     if kind == "compiled":
         return lambda: fg_compile.compile(model, plan.preset)
     if kind == "bucketed":
