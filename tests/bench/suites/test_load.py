@@ -194,3 +194,21 @@ def test_memory_is_read_in_the_threads_that_make_the_timed_calls(tmp_path, monke
     for n in (1, 4, 16):
         assert by["eager"][n]["mem_growth"] == 0.0
         assert by["eager"][n]["mem_after_first_bytes"] > 64 * 2**20  # each thread made its state before the reading
+
+
+def test_a_package_targets_second_kind_opens_the_file_again():
+    # `package,locked` on a .pt2: the loaded package serves the first kind only; the second starts untouched
+    opened = []
+
+    def open_package(path, specs, **options):
+        opened.append(options)
+        return object(), None
+
+    plan = suite.Plan(target="m.pt2", kinds=("package", "locked"), threads=(1,), seconds=1.0, cold=True,
+                      preset="dev", cuda_graphs=False, device="cpu", runners=2)  # fmt: skip
+    sources = suite.Sources(None, open_package, None, None, None, lambda msg: None)
+    loaded = object()
+    assert suite.opener(plan, "package", loaded, ((), {}), sources, "")() is loaded
+    assert opened == []
+    locked = suite.opener(plan, "locked", loaded, ((), {}), sources, "")()
+    assert opened == [{"cuda_graphs": False, "runners": 2}] and locked is not loaded

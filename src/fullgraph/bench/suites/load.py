@@ -201,7 +201,9 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
     """A function that returns a fresh callable of `kind` (a cold run takes one per thread count); the slow part of a
     kind (a precompile, an export) happens here, once."""
     if plan.target.endswith(".pt2"):
-        first = iter([model])  # loaded by load_model, not called yet; later ones load the file again
+        # the first kind's first callable is the one load_model loaded, not called yet; every other loads the file
+        # again (a second kind starts from a package no call has touched, as --cold promises)
+        first = iter([model] if kind == plan.kinds[0] else [])
 
         def package() -> Callable:
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
