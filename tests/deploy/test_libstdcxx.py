@@ -106,8 +106,10 @@ def test_a_package_with_static_libstdcxx_fails_in_torchs_loader_and_is_refused_b
     (found,) = libraries(path).values()
     assert found.static_libstdcxx and found.carries_libstdcxx
     # torch's own loader, in a child: the failure the check exists for (bad_cast here; SIGSEGV on libstdc++ 13)
+    # (its TMPDIR in tmp_path: the loader's unpacked libraries stay behind when it crashes)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     child = subprocess.run([sys.executable, "-c", f"import torch; torch._inductor.aoti_load_package({path!r})"],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     assert child.returncode != 0
     assert "bad_cast" in child.stderr or child.returncode < 0, child.stderr[-2000:]
     os.chmod(path, 0o644)

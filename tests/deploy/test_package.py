@@ -77,6 +77,28 @@ def test_a_crashing_probe_is_reported_and_remembered(tmp_path, monkeypatch):
     assert verdict["ok"] and not verdict["cached"]
 
 
+def test_a_crashing_probe_leaves_no_unpacked_package_behind(tmp_path, monkeypatch):
+    # torch's loader unpacks a package into TMPDIR/aotinductor_*, removed only when the loader is destroyed: a child
+    # that crashes would leave it. The child here makes such a folder, says where its Inductor cache is, and dies.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    report = tmp_path / "report.txt"
+    code = (
+        "import os, tempfile; d = tempfile.mkdtemp(prefix='aotinductor_'); open(os.path.join(d, 'm.so'), 'wb');"
+        f"open({str(report)!r}, 'w').write(d + '\\n' + os.environ['TORCHINDUCTOR_CACHE_DIR']); {CRASH}"
+    )
+    probe_with(monkeypatch, code)
+    verdict = probe(fake_package(tmp_path / "m.pt2"))
+    assert not verdict["ok"] and verdict["rc"] == -signal.SIGSEGV
+    unpacked, inductor_cache = report.read_text().splitlines()
+    assert not os.path.exists(unpacked)
+    assert sorted(os.listdir(tmp)) == []  # the scratch folder is gone with what the child left in it
+    assert inductor_cache == str(tmp / f"torchinductor_{os.environ.get('USER') or _probe._user()}")  # kept: ours
+
+
 def test_a_probe_that_fails_with_a_python_error_is_probed_again(tmp_path, monkeypatch):
     path = fake_package(tmp_path / "m.pt2")
     probe_with(monkeypatch, "raise SystemExit('no module named foo')")

@@ -6,11 +6,14 @@ other's verdicts). `fullgraph.deploy.package` checks a file, then asks `run_prob
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +37,27 @@ def probe_argv(path: str, device_index: int, ops: Sequence[str] = ()) -> list[st
     """The child that loads the package, which calls `ops` through Python; faulthandler prints the native stack if
     it crashes."""
     return [sys.executable, "-X", "faulthandler", "-c", _PROBE_CODE, path, str(device_index), *ops]
+
+
+def probe_env(scratch: str) -> dict[str, str]:
+    """The probe child's environment: its temporary files in `scratch`, which the parent removes. torch's loader
+    unpacks the package's libraries into a new `aotinductor_*` folder under TMPDIR and removes it only when the
+    loader is destroyed: a probe that crashes (what it is there to catch) or times out would leave the package's
+    size behind in /tmp at every try. Inductor's cache stays where this process's is (its default lies under
+    TMPDIR too), so kernels the child compiles are kept."""
+    default_cache = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", _user()))
+    return {
+        **os.environ,
+        "TMPDIR": scratch,
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache),
+    }
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):  # no name for this uid (a container's): as torch falls back
+        return f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
 
 
 def probe_key(sha: str, device_index: int) -> str:
@@ -84,13 +108,15 @@ def run_probe(path: str, sha: str, device_index: int, timeout: float, ops: Seque
         return {**verdict, "cached": True}
     start = time.perf_counter()
     try:
-        done = subprocess.run(
-            probe_argv(os.path.abspath(path), device_index, ops),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        with tempfile.TemporaryDirectory(prefix="fullgraph-probe-") as scratch:
+            done = subprocess.run(
+                probe_argv(os.path.abspath(path), device_index, ops),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                env=probe_env(scratch),
+            )
     except subprocess.TimeoutExpired:  # not cached: a slow machine is not a broken package
         raise DeployError(
             f"loading {display_path(path)} in a probe process took over {timeout:.0f} s; "
