@@ -2,6 +2,7 @@
 
 import ast
 import json
+import math
 import os
 import random
 import re
@@ -362,3 +363,18 @@ def test_renders_in_headless_chromium(tmp_path):
         assert box.width > 40 and box.right <= layout.client_width, box
     bars = [b for b in boxes if b.tag == "svg" and b.section == "breakdowns"]
     assert len(bars) == 2 and all(b.right <= layout.client_width and b.width > 800 for b in bars), bars
+
+
+def test_a_row_whose_output_did_not_match_at_all_saves_as_strict_json_and_reads_back():
+    # rel_err is inf where the outputs cannot be compared (greedy tokens that differ in bf16, NaN, another shape):
+    # writing it failed ("Out of range float values are not JSON compliant") and the doctor's run with it
+    mismatch = ConfigResult("compile default bf16", "default", "bf16", 2.0, 1.9, 2.1, rel_err=math.inf, tolerance=4e-2)
+    nan = ConfigResult("eager bf16", "eager", "bf16", 3.0, 2.9, 3.1, rel_err=math.nan, tolerance=4e-2)
+    report = Report("m.py:Net", "cpu", [], {}, configs=[mismatch, nan])
+    text = report.to_json()
+    strict = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert [c["rel_err"] for c in strict["configs"]] == ["inf", "nan"]
+    again = Report.from_json(text)
+    assert again.configs[0].rel_err == math.inf and math.isnan(again.configs[1].rel_err)
+    assert not again.configs[0].ok and not again.configs[1].ok
+    assert render_html(again) == render_html(report)

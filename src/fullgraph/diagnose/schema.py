@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -16,6 +17,10 @@ from fullgraph._files import write_atomic
 from fullgraph.bench.breakdown import Breakdown
 
 SCHEMA_VERSION = 2
+# Strict JSON has no infinity or NaN; a row whose output did not match at all has rel_err inf. Written as these
+# strings, read back as the floats (ConfigResult's float fields only). No earlier version-2 file holds them: writing
+# one failed ("Out of range float values are not JSON compliant").
+NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 @dataclass(frozen=True)
@@ -240,7 +245,7 @@ class ReportData:
         return [(plain[key(c)], c) for c in self.configs if c.fixes and key(c) in plain]
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = _json_safe(dataclasses.asdict(self))
         d["graph_break_count"], d["graph_break_places"] = self.graph_break_count, len(self.breaks)
         return d
 
@@ -257,7 +262,7 @@ class ReportData:
         d["lint"] = [Finding(**f) for f in d.get("lint", [])]
         d["graph_breaks"] = [GraphBreak(**g) for g in d.get("graph_breaks", [])]
         d["recompiles"] = [Recompile(**r) for r in d.get("recompiles", [])]
-        d["configs"] = [ConfigResult(**c) for c in d.get("configs", [])]
+        d["configs"] = [ConfigResult(**_floats_back(c, CONFIG_FLOATS)) for c in d.get("configs", [])]
         d["checklist"] = [ChecklistItem(**c) for c in d.get("checklist", [])]
         d["breakdowns"] = [Breakdown.from_dict(b) for b in d.get("breakdowns", [])]
         d["fixes"] = [FixOffer(**f) for f in d.get("fixes", [])]
@@ -275,3 +280,22 @@ class ReportData:
 
     def save_json(self, path: str | os.PathLike) -> None:
         write_atomic(path, self.to_json())
+
+
+CONFIG_FLOATS = frozenset(f.name for f in dataclasses.fields(ConfigResult) if f.type.startswith("float"))
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` (dicts and lists of plain data) with each non-finite float written as its NON_FINITE string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _floats_back(d: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    """`d` with the NON_FINITE strings of its float fields `names` read back as floats."""
+    return {k: NON_FINITE[v] if k in names and isinstance(v, str) and v in NON_FINITE else v for k, v in d.items()}
