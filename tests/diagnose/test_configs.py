@@ -2,6 +2,7 @@ import dataclasses
 import itertools
 import math
 
+import pytest
 import torch
 
 from fullgraph.diagnose import configs as cfg
@@ -118,6 +119,64 @@ def test_measure_all_interleaves_and_remeasures_noisy_rows():
     # interleaved: the two rows alternate in blocks rather than one finishing before the other starts
     switches = sum(1 for x, y in itertools.pairwise(calls) if x != y)
     assert switches >= cfg.ROUNDS
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake time.monotonic for the timing loop, [now]; `tick` (every row's call) costs 1 s of it."""
+    now = [0.0]
+    monkeypatch.setattr(cfg.time, "monotonic", lambda: now[0])
+    return now
+
+
+def ticking_rows(clock: list[float], call_s: float | None = None) -> list[cfg.Candidate]:
+    def tick() -> None:
+        clock[0] += 1.0
+
+    return [cfg.Candidate(m, torch.float32, fn=tick, call_s=call_s) for m in ("eager", "default")]
+
+
+def test_timing_stops_at_the_deadline_after_the_round_that_would_end_past_it(clock):
+    """Every call of a row costs 1 s. A round of two rows is 2 x (warm-up + 3 timed calls) = 8 s."""
+    now = clock
+
+    def rows() -> list[cfg.Candidate]:
+        return ticking_rows(clock)
+
+    per_round = 2 * (cfg.MIN_PER_ROUND + 1)
+    assert cfg.time_rounds(rows(), torch.device("cpu"), reps=3) == cfg.ROUNDS  # no deadline: every round
+    now[0] = 0.0
+    # round 1 ends at 8 s, round 2 (8 + 8 <= 20) at 16 s; a third would end at 24 s, past the deadline: not started
+    assert cfg.time_rounds(rows(), torch.device("cpu"), reps=3, deadline=20.0) == 2 and now[0] == 2 * per_round
+    now[0] = 100.0
+    cands = rows()
+    results = cfg.measure_all(cands, torch.device("cpu"), reps=3, deadline=50.0)  # already past: one round
+    assert [r.rounds for r in results] == [1, 1] and cfg.timed_per_round(cands) == cfg.MIN_PER_ROUND
+    [note] = cfg.budget_timing_note(cands, 3, budget=50.0)
+    assert f"1 of {cfg.ROUNDS} interleaved rounds ran, {cfg.MIN_PER_ROUND} timed call(s) a row" in note
+    assert cfg.budget_timing_note(cands, 3, budget=None) == []
+    assert now[0] == 100.0 + per_round  # and no second measurement, noisy or not
+
+
+def test_rows_too_slow_for_every_round_time_fewer_calls_in_each(clock):
+    """BERT-base at batch 32 on the 2-core CPU: seconds a call, 10 rows; the rounds must still end by the budget."""
+    now = clock
+
+    def rows() -> list[cfg.Candidate]:
+        return ticking_rows(clock, call_s=1.0)
+
+    assert cfg.fit_calls(rows(), 3, cfg.ROUNDS, None) == (1, 3)
+    assert cfg.fit_calls(rows(), 3, cfg.ROUNDS, 40.0) == (1, 3)  # 20 calls a row fit: 5 rounds x (1 + 3)
+    assert cfg.fit_calls(rows(), 3, cfg.ROUNDS, 20.0) == (1, 1)  # 10 fit: 5 rounds x (1 + 1)
+    assert cfg.fit_calls(rows(), 3, cfg.ROUNDS, 3.0) == (0, 1)  # not even two: the rows are warm already
+    assert cfg.fit_calls(ticking_rows(clock), 3, cfg.ROUNDS, 3.0) == (1, 3)  # call times unknown
+    cands = rows()
+    assert cfg.time_rounds(cands, torch.device("cpu"), reps=10, deadline=20.0) == cfg.ROUNDS
+    assert now[0] == 20.0 and cfg.timed_per_round(cands) == 1
+    now[0] = 0.0
+    cands = rows()
+    assert cfg.time_rounds(cands, torch.device("cpu"), reps=10, deadline=3.0) == 1
+    assert now[0] == 2.0 and cfg.timed_per_round(cands) == 1  # one call a row, no warm-up
 
 
 def test_a_noisy_row_is_measured_again_up_to_measures_times_then_marked():

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from fullgraph.diagnose import configs as cfg
 from fullgraph.diagnose import doctor as doc
 from fullgraph.diagnose.configs import NOISY_P80_P20
 from fullgraph.diagnose.demo import demo
@@ -104,6 +105,29 @@ def test_budget_skips_the_slowest_and_says_so():
     assert r.breakdowns or any("where the time goes" in n for n in r.notes)  # profiled, or said why not
     spent = doc.doctor(models.Clean(), (torch.randn(4, 16),), modes=["eager"], budget=1e-3, reps=3)
     assert spent.breakdowns == [] and any("ran out before where the time goes" in n for n in spent.notes)
+    # the timing stopped at the budget too: the one round every row gets, and a note that says so
+    assert [c.rounds for c in spent.configs] == [1] and spent.timing["rounds"] == 1
+    assert any(f"ran out while timing: 1 of {cfg.ROUNDS} interleaved rounds" in n for n in spent.notes)
+
+
+class Slow(torch.nn.Module):
+    """0.1 s a call: the profile of its eager row (8 calls under the profiler, about 1.6 s) outlasts a 4 s budget
+    once its rows are timed (5 rounds x 4 calls, 2 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        time.sleep(0.1)
+        return self.lin(x)
+
+
+def test_profiling_that_would_outlast_the_budget_is_not_started():
+    r = doc.doctor(Slow(), (torch.randn(2, 8),), modes=["eager"], budget=4.0, reps=15)
+    assert r.breakdowns == []
+    assert any("ran out before where the time goes (profiling, about 2 s)" in n for n in r.notes), r.notes
+    assert [c.name for c in r.configs if c.median_ms] == ["eager fp32"]
 
 
 BUSY = "import time\nt = time.time() + {s}\nwhile time.time() < t:\n    pass\n"
@@ -134,7 +158,11 @@ def test_a_busy_core_never_yields_a_lead_inside_the_noise():
     finally:
         busy.kill()
     noisy = [c.name for c in loaded.configs if c.noisy]
-    assert loaded.recommendation.config == quiet.recommendation.config or noisy
+    # the same pick, or one run calls a tie that holds the other's pick (the demo's eager and compiled rows are
+    # within ~10% on the 2-core VM: a tie goes to the simpler row), or the loaded run says its rows are noisy
+    picks = [{r.recommendation.config, *r.recommendation.tie} for r in (quiet, loaded)]
+    same = quiet.recommendation.config in picks[1] or loaded.recommendation.config in picks[0]
+    assert same or noisy, f"quiet: {picks[0]}, loaded: {picks[1]}"
     for r in (quiet, loaded):
         pick = next(c for c in r.configs if c.name == r.recommendation.config)
         for c in r.configs:

@@ -70,6 +70,7 @@ NOISY_P80_P20 = 1.5  # p80 / p20 over all timed calls of a row (a 2-core VM show
 NOISY_SPREAD = 0.4  # (max - min) / median of the per-round medians (up to 0.21 idle, and 0.25 once, on a 2-core VM)
 ROUNDS = 5
 MIN_PER_ROUND = 3  # calls timed per row per round: a round's median of fewer is one outlier away from noise
+TIMING_SHARE = 0.15  # of a --budget, kept for the final interleaved timing of every row (doctor, tune)
 MEASURES = 3  # a noisy row is measured again up to twice: a stall on an idle 2-core VM can spoil two in a row
 # Compile seconds of each mode relative to the default mode's, to skip the slowest first under --budget (the
 # ViT-B/16 anchors in DESIGN.md: default 8 s, reduce-overhead 7-12 s, max-autotune 120-138 s).
@@ -109,6 +110,7 @@ class Candidate:
     fixes: tuple[str, ...] = ()  # our fixes this row runs with (diagnose.fixes), applied around every call
     fn: Callable[[], Any] | None = None
     compile_s: float | None = None
+    call_s: float | None = None  # one warm call's seconds (its second call), device work included
     peak: int | None = None
     err: float | None = None
     matched: float | None = None  # detection outputs: fraction of detections matched (diagnose.detections)
@@ -181,7 +183,7 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
         with torch.no_grad(), c.policies():
             c.compile_s, _ = first_call(lambda: x.call(fn), device)
             c.rewrites = fn.stats.rewrite_counts() if isinstance(fn, CompiledModel) else {}
-            out = x.call(fn)
+            c.call_s, out = first_call(lambda: x.call(fn), device)
             c.err = rel_err(out, ref)
             # A list of detections is judged by matched detections: a reorder of near-tied scores is not an error.
             c.matched = matched_fraction(out, ref, IOU_MIN.get(c.dtype, 0.8), TOLERANCE.get(c.dtype, 1e-3))
@@ -210,37 +212,84 @@ def with_fixes(cands: Sequence[Candidate], names: Sequence[str]) -> list[Candida
     return [Candidate(c.mode, c.dtype, c.ops, fixes=tuple(names)) for c in cands] if names else []
 
 
-def time_rounds(cands: Sequence[Candidate], device: torch.device, reps: int, rounds: int = ROUNDS) -> None:
+def time_rounds(
+    cands: Sequence[Candidate], device: torch.device, reps: int, rounds: int = ROUNDS, deadline: float | None = None
+) -> int:
     """Time every ready candidate in `rounds` interleaved rounds of about reps/rounds calls each, rotating the
-    order so no configuration always runs first after another's burst."""
+    order so no configuration always runs first after another's burst. With a `deadline` (time.monotonic()), the
+    first round always runs, and no later one starts that the last round's length says would end past it; where
+    the rows' warm call times (`call_s`) say the rounds cannot all fit, each round times fewer calls (`fit_calls`).
+    Returns the rounds run."""
     ready = [c for c in cands if c.fn is not None and c.error is None]
-    per_round = max(MIN_PER_ROUND, -(-reps // rounds))
+    warmup, per_round = fit_calls(ready, max(MIN_PER_ROUND, -(-reps // rounds)), rounds, deadline)
+    done, last = 0, 0.0
     for r in range(rounds):
+        if deadline is not None and done and time.monotonic() + last > deadline:
+            break
+        began = time.monotonic()
         for c in ready[r % len(ready) :] + ready[: r % len(ready)] if ready else []:
             if c.error is not None:
                 continue
             try:
                 with torch.no_grad():
-                    t = measure(c.fn, device=device, warmup=1, reps=per_round)
+                    t = measure(c.fn, device=device, warmup=warmup, reps=per_round)
             except Exception as e:
                 c.error = env.first_line(e, 300)
                 continue
             c.samples.extend(t.samples_ms)
             c.round_medians.append(t.median_ms)
+        done, last = done + 1, time.monotonic() - began
+    return done
 
 
-def measure_all(cands: Sequence[Candidate], device: torch.device, reps: int) -> list[ConfigResult]:
+def fit_calls(ready: Sequence[Candidate], per_round: int, rounds: int, deadline: float | None) -> tuple[int, int]:
+    """(warm-up calls, timed calls) per row and round: one and `per_round` where `rounds` rounds of them fit before
+    `deadline` by the rows' warm call times, or nothing says otherwise; else fewer timed calls (one at least), and
+    no warm-up where not even two calls a row fit (every row was called three times already when it was checked)."""
+    call_s = sum(c.call_s or 0.0 for c in ready)
+    if deadline is None or call_s <= 0:
+        return 1, per_round
+    fits = max(deadline - time.monotonic(), 0.0) / call_s  # calls of every row that fit
+    if fits >= rounds * (1 + per_round):
+        return 1, per_round
+    return (1 if fits >= 2 else 0), max(1, int(fits // rounds) - 1)
+
+
+def measure_all(
+    cands: Sequence[Candidate], device: torch.device, reps: int, deadline: float | None = None
+) -> list[ConfigResult]:
     """Interleaved rounds; while a row is noisy, every row is measured again (fresh rounds, so rows stay paired
     round by round), MEASURES times at most, and rows still noisy are marked. A transient stall (another process's
-    burst, a page-cache flush) rarely spoils three measurements in a row; a busy core spoils them all."""
-    time_rounds(cands, device, reps)
+    burst, a page-cache flush) rarely spoils three measurements in a row; a busy core spoils them all. With a
+    `deadline`, rounds stop there (one at least: `timed_rounds` of the results says how many ran) and a noisy
+    measurement is repeated only where the first one's length still fits."""
+    began = time.monotonic()
+    time_rounds(cands, device, reps, deadline=deadline)
+    took = time.monotonic() - began
     for _ in range(MEASURES - 1):
-        if not any(c.noisy() for c in cands):
+        if not any(c.noisy() for c in cands) or (deadline is not None and time.monotonic() + took > deadline):
             break
         for c in cands:
             c.samples, c.round_medians = [], []
         time_rounds(cands, device, reps)
     return [c.result(noisy=c.noisy()) for c in cands]
+
+
+def timed_per_round(cands: Sequence[Candidate]) -> int:
+    """The timed calls of each row in each round (fewer than asked where a budget made room: `fit_calls`)."""
+    return max((len(c.samples) // len(c.round_medians) for c in cands if c.round_medians), default=0)
+
+
+def budget_timing_note(cands: Sequence[Candidate], reps: int, budget: float | None) -> list[str]:
+    """The note that a budget cut the timing short (fewer rounds, or fewer calls in each), or none."""
+    rounds = max((len(c.round_medians) for c in cands), default=0)
+    per_round = timed_per_round(cands)
+    if budget is None or not (0 < rounds < ROUNDS or 0 < per_round < max(MIN_PER_ROUND, -(-reps // ROUNDS))):
+        return []
+    return [
+        f"--budget {budget:g} s ran out while timing: {rounds} of {ROUNDS} interleaved rounds ran, {per_round} timed"
+        " call(s) a row in each, so each row's figures rest on fewer calls; raise --budget for all of them"
+    ]
 
 
 def _lead_within_noise(fast: ConfigResult, slow: ConfigResult) -> bool:

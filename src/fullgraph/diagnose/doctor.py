@@ -49,6 +49,9 @@ def _variants(example: Example, vary: Sequence[str], notes: list[str]) -> list[t
     return out
 
 
+PROFILE_CALLS = 8  # profile_breakdown's warm-up and profiled calls, by default
+
+
 def _profile(
     cands: Sequence[cfg.Candidate], names: Sequence[str], model: Any, device: torch.device, notes: list[str]
 ) -> list[Breakdown]:
@@ -180,7 +183,9 @@ def doctor(
         if with_:
             say(f"graph breaks with {'+'.join(with_)}: compiling again")
             applied_breaks = _capture_with(fresh, example, dtypes, with_)
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        # Rows start while the budget's last TIMING_SHARE is still ahead: that share times them side by side.
+        rows_until = None if deadline is None else deadline - budget * cfg.TIMING_SHARE
+        remaining = None if rows_until is None else max(rows_until - time.monotonic(), 0.0)
         cands, skipped = cfg.plan(modes, dtypes, remaining, capture_s)
         if skipped:
             notes.append(f"--budget {budget:g} s: skipped {', '.join(skipped)} (slowest first)")
@@ -193,14 +198,16 @@ def doctor(
             cudagraph_skips.extend(f"{c.name}: {s}" for s in skips)
 
         cudagraph_skips: list[str] = []
-        late = cfg.run_budgeted(cands, deadline, prepare)
+        late = cfg.run_budgeted(cands, rows_until, prepare)
         twins = cfg.plain_twins(cands)  # rows whose compile applied rewrites, again without them
-        late += cfg.run_budgeted(twins, deadline, prepare)
+        late += cfg.run_budgeted(twins, rows_until, prepare)
         cands = [*cands, *twins]
         if late:
             notes.append(f"--budget {budget:g} s ran out before {', '.join(late)}")
         say(f"timing {len(cands)} configuration(s) in {cfg.ROUNDS} interleaved rounds")
-        configs = cfg.measure_all(cands, device, reps)
+        configs = cfg.measure_all(cands, device, reps, deadline)
+        notes += cfg.budget_timing_note(cands, reps, budget)
+        timing["rounds"] = max((c.rounds for c in configs), default=0) or cfg.ROUNDS  # fewer where the budget cut
         noisy = [c.name for c in configs if c.noisy]
         if noisy:
             notes.append(
@@ -212,13 +219,17 @@ def doctor(
         count = break_summary(len(rec.graphs), breaks) if break_count(len(rec.graphs), breaks) else ""
         rec_ = cfg.recommend(configs, count, module=is_module)
         breakdowns: list[Breakdown] = []
-        if profile and deadline is not None and time.monotonic() >= deadline:
+        names = [c.name for c in configs if c.mode == "eager" and c.median_ms][:1]
+        names += [rec_.config] if rec_ and rec_.config not in names else []
+        # each profiled row: PROFILE_CALLS calls under the profiler (about twice a call's time), then the trace read
+        cost = sum(c.call_s or 0.0 for c in cands if c.name in names) * PROFILE_CALLS * 2
+        if profile and deadline is not None and time.monotonic() + cost >= deadline:
             notes.append(
-                f"--budget {budget:g} s ran out before where the time goes (profiling); raise --budget to see it"
+                f"--budget {budget:g} s ran out before where the time goes (profiling"
+                + (f", about {cost:.0f} s" if cost >= 1 else "")
+                + "); raise --budget to see it"
             )
         elif profile:
-            names = [c.name for c in configs if c.mode == "eager" and c.median_ms][:1]
-            names += [rec_.config] if rec_ and rec_.config not in names else []
             say(f"where the time goes: profiling {', '.join(names)}")
             breakdowns = _profile(cands, names, model, device, notes)
     if not gpu:

@@ -52,7 +52,6 @@ from fullgraph.timing import cpu_threads_available, pinned_threads
 # Seconds of search by default: on a GPU it must fit one 10-minute job with the model's build and imports around it
 # (ViT-B/16 on the H200: presets x {fp32, bf16} estimated at about 360 s, edge's autotuning most of it).
 DEFAULT_BUDGET_S = {"cuda": 480.0, "cpu": 240.0}
-TIMING_SHARE = 0.15  # of the budget, kept for the final interleaved timing of every row
 MARGIN = 1.5  # on compile seconds estimated from another mode's
 SEEN_MARGIN = 1.25  # on compile seconds estimated from the same preset or mode in another dtype or policy
 FIRST_GUESS_S = 5.0  # a default-mode compile's seconds before any was measured
@@ -89,7 +88,7 @@ class _Budget:
 
     def __init__(self, budget_s: float, start: float) -> None:
         self.deadline = start + budget_s
-        self.reserve = budget_s * TIMING_SHARE
+        self.reserve = budget_s * cfg.TIMING_SHARE
         self.per_unit: list[float] = []  # observed compile seconds / COST of the row's mode
         self.seen: dict[str, float] = {}  # preset or mode -> the longest compile of it seen
 
@@ -243,7 +242,8 @@ def tune(
         run_stage("modes", stage3)
         background.close()  # nothing may compile or autotune on the device while the rows are timed
         say(f"timing {len(rows)} configuration(s) side by side in {cfg.ROUNDS} interleaved rounds")
-        table = cfg.measure_all(rows, device, reps)
+        table = cfg.measure_all(rows, device, reps, clock.deadline)
+        notes += cfg.budget_timing_note(rows, reps, budget)
     if warm:
         notes.append(f"compiled ahead in background processes (compile s is theirs), then built here from the warm "
                      f"caches: {', '.join(warm)}")  # fmt: skip
