@@ -41,7 +41,7 @@ def fake_package(path: Path, calls: tuple[str, ...] = (), **meta) -> Path:
 def probe_with(monkeypatch, code: str) -> None:
     """Make the probe child run `code` instead of loading the package."""
     argv = [sys.executable, "-X", "faulthandler", "-c", code]
-    monkeypatch.setattr(_probe, "probe_argv", lambda path, index, ops=(): argv)
+    monkeypatch.setattr(_probe, "probe_argv", lambda path, index, ops=(), modules=(): argv)
 
 
 @pytest.mark.slow
@@ -145,6 +145,53 @@ def test_packages_built_for_another_torch_or_device_are_refused(tmp_path):
         inspect_package(fake_package(tmp_path / "t.pt2", fullgraph_torch="2.0.1"))
     with pytest.raises(DeployError, match=r"(a CUDA GPU there, none here|compute capability 10 there)"):
         inspect_package(fake_package(tmp_path / "g.pt2", AOTI_DEVICE_KEY="cuda", AOTI_COMPUTE_CAPABILITY="10"))
+
+
+def test_a_package_whose_output_types_cannot_be_imported_is_refused_by_name(tmp_path, monkeypatch):
+    probe_with(monkeypatch, CRASH)  # never reached
+    path = fake_package(tmp_path / "m.pt2", fullgraph_pytree=json.dumps({"nomod_xyz.Output": "nomod_xyz"}))
+    with pytest.raises(DeployError, match=r"returns nomod_xyz\.Output, which nomod_xyz defines, and importing it fail"):
+        load(path)
+
+
+@pytest.mark.slow
+def test_a_transformers_model_exported_loads_in_a_process_that_never_imports_transformers(tmp_path):
+    # A transformers model returns a ModelOutput, a pytree node that only importing transformers registers: torch's
+    # loader could not rebuild the outputs in the probe child ("Deserializing ...SequenceClassifierOutput in pytree
+    # is not registered") nor in a server that imports only fullgraph. Its users also call it by keyword.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, num_labels=3)  # fmt: skip
+    model = transformers.BertForSequenceClassification(config).eval()
+    ids, mask = torch.randint(1, 99, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
+    mask[0, 5:] = 0
+    path = export(model, (ids, mask), tmp_path / "bert.pt2")
+    _, meta = inspect_package(path)
+    assert json.loads(meta["fullgraph_pytree"]) == {
+        "transformers.modeling_outputs.SequenceClassifierOutput": "transformers.modeling_outputs"
+    }
+    assert json.loads(meta["fullgraph_args"]) == ["input_ids", "attention_mask"]
+    with torch.no_grad():
+        torch.save({"ids": ids, "mask": mask, "logits": model(input_ids=ids, attention_mask=mask).logits},
+                   tmp_path / "io.pt")  # fmt: skip
+    code = f"""
+import sys, torch, fullgraph
+assert "transformers" not in sys.modules
+io = torch.load({str(tmp_path / "io.pt")!r})
+m = fullgraph.load({path!r})
+out = m(input_ids=io["ids"], attention_mask=io["mask"])
+print(type(out).__name__, (out.logits - io["logits"]).abs().max().item())
+try:
+    m(io["ids"], mask=io["mask"])
+except fullgraph.errors.UsageError as e:
+    print(e)
+"""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    first, second = child.stdout.strip().splitlines()[-2:]
+    kind, err = first.split()
+    assert kind == "SequenceClassifierOutput" and float(err) < 1e-5
+    assert "exported with inputs (input_ids, attention_mask); got 1 by position and mask by name" in second
 
 
 def test_a_package_others_can_write_is_refused(tmp_path):

@@ -27,16 +27,18 @@ PROBE_TIMEOUT_S = 300.0
 
 _PROBE_CODE = (
     "import importlib, sys; "
+    # the modules that register the pytree types the package takes or returns (a transformers ModelOutput)
+    "[importlib.import_module(m) for m in sys.argv[3].split(',') if m]; "
     # fullgraph.ops registers our custom ops, which the package calls when it lists any (and imports Dynamo: only then)
-    "sys.argv[3:] and importlib.import_module('fullgraph.ops').register_ops(sys.argv[3:]); "
+    "sys.argv[4:] and importlib.import_module('fullgraph.ops').register_ops(sys.argv[4:]); "
     "from fullgraph.deploy.package import open_package; open_package(sys.argv[1], int(sys.argv[2]))"
 )
 
 
-def probe_argv(path: str, device_index: int, ops: Sequence[str] = ()) -> list[str]:
-    """The child that loads the package, which calls `ops` through Python; faulthandler prints the native stack if
-    it crashes."""
-    return [sys.executable, "-X", "faulthandler", "-c", _PROBE_CODE, path, str(device_index), *ops]
+def probe_argv(path: str, device_index: int, ops: Sequence[str] = (), modules: Sequence[str] = ()) -> list[str]:
+    """The child that loads the package, which calls `ops` through Python and whose inputs or outputs are pytree
+    types that importing `modules` registers; faulthandler prints the native stack if it crashes."""
+    return [sys.executable, "-X", "faulthandler", "-c", _PROBE_CODE, path, str(device_index), ",".join(modules), *ops]
 
 
 def probe_env(scratch: str) -> dict[str, str]:
@@ -98,9 +100,11 @@ def exit_text(rc: int) -> str:
         return f"exit {rc}"
 
 
-def run_probe(path: str, sha: str, device_index: int, timeout: float, ops: Sequence[str] = ()) -> dict[str, Any]:
-    """`probe` for a package already checked, whose content hashes to `sha` and which calls `ops` through Python
-    (`load` reads the file once)."""
+def run_probe(
+    path: str, sha: str, device_index: int, timeout: float, ops: Sequence[str] = (), modules: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`probe` for a package already checked, whose content hashes to `sha`, which calls `ops` through Python and
+    needs `modules` imported for its pytree types (`load` reads the file once)."""
     file = os.path.join(cache_dir(), PROBE_FILE)
     key = probe_key(sha, device_index)
     verdict = read_json(file).get(key)
@@ -110,7 +114,7 @@ def run_probe(path: str, sha: str, device_index: int, timeout: float, ops: Seque
     try:
         with tempfile.TemporaryDirectory(prefix="fullgraph-probe-") as scratch:
             done = subprocess.run(
-                probe_argv(os.path.abspath(path), device_index, ops),
+                probe_argv(os.path.abspath(path), device_index, ops, modules),
                 capture_output=True,
                 text=True,
                 timeout=timeout,

@@ -25,7 +25,7 @@ from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
 from fullgraph.compile.options import resolve
 from fullgraph.deploy import package
 from fullgraph.deploy._common import DeployError, environment, input_signature
-from fullgraph.deploy.package import META_PREFIX
+from fullgraph.deploy.package import META_PREFIX, pytree_types
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
 
@@ -161,6 +161,9 @@ def export(
         "dynamic": json.dumps(declared),
         "flat_dynamic": json.dumps(_flat_dynamic(model, args, declared)),
         "preset": " ".join(x for x in (preset, mode) if x),
+        "args": json.dumps(_argument_names(model, args)),
+        # pytree types of the inputs and outputs that `load` must import to rebuild them (a transformers output)
+        "pytree": json.dumps(pytree_types(program.call_spec.in_spec, program.call_spec.out_spec)),
     }
     configs = {
         **options,
@@ -188,6 +191,19 @@ def export(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return path
+
+
+def _argument_names(model: torch.nn.Module, args: tuple) -> list[str]:
+    """The names of the forward's parameters the example inputs fill, in order, so that a loaded package can be
+    called by keyword as the model was (`bert(input_ids=..., attention_mask=...)`); [] where they are not plain
+    named parameters (`*args`) or do not bind."""
+    try:
+        sig = inspect.signature(model.forward)
+        bound = sig.bind(*args).arguments
+    except (TypeError, ValueError):
+        return []
+    plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return list(bound) if all(sig.parameters[n].kind in plain for n in bound) else []
 
 
 def _flat_dynamic(model: torch.nn.Module, args: tuple, declared: Mapping[str, Mapping[str, list[int]]]) -> dict:

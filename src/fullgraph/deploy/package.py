@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import struct
@@ -207,6 +208,74 @@ def _check_target(shown: str, meta: Mapping[str, str]) -> None:
         raise DeployError(f"refusing package {shown}: {'; '.join(wrong)}; {_REBUILD}")
 
 
+# Pytree node types a fresh `import torch` registers itself; any other type a package takes or returns (a
+# transformers ModelOutput) is registered by importing its module, which `export` records.
+_TORCH_PYTREE_MODULES = ("builtins", "collections", "torch")
+
+
+def pytree_types(*specs: Any) -> dict[str, str]:
+    """The pytree node types in `specs` (TreeSpecs: a program's inputs and outputs) that a fresh `import torch` does
+    not register, by serialized name (what the package's call spec holds), each with the module defining it. Read
+    from the serialized form, which is what the loader parses."""
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("type"), str):
+                names.add(node["type"])
+            for child in node.get("children_spec") or ():
+                walk(child)
+
+    for spec in specs:
+        if spec is not None:
+            walk(json.loads(pytree.treespec_dumps(spec))[1])
+    known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    return {
+        name: known[name].__module__
+        for name in sorted(names)
+        if name in known and known[name].__module__.split(".")[0] not in _TORCH_PYTREE_MODULES
+    }
+
+
+def _recorded_pytree_types(meta: Mapping[str, str]) -> dict[str, str]:
+    try:
+        types = json.loads(meta.get(META_PREFIX + "pytree") or "{}")
+    except ValueError:
+        return {}
+    return types if isinstance(types, dict) else {}
+
+
+def pytree_modules(meta: Mapping[str, str]) -> list[str]:
+    """The modules whose import registers the pytree types the package takes or returns, from its metadata
+    (`export` records them); a process loading it (the probe child too) imports them first."""
+    return sorted(set(_recorded_pytree_types(meta).values()))
+
+
+def _register_pytree_types(shown: str, meta: Mapping[str, str]) -> list[str]:
+    """Import what registers the package's own pytree types (a transformers model's output class) where they are not
+    registered yet; returns the modules, which the probe child imports too. One DeployError naming the type and the
+    module where that fails."""
+    types = _recorded_pytree_types(meta)
+    for module in pytree_modules(meta):
+        named = [n for n, m in types.items() if m == module]
+        if all(n in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE for n in named):
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            raise DeployError(
+                f"{shown} takes or returns {', '.join(named)}, which {module} defines, and importing it failed "
+                f"here: {first_line(e)}; install it where the package runs"
+            ) from None
+        still = [n for n in named if n not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE]
+        if still:
+            raise DeployError(
+                f"{shown} returns {', '.join(still)}, and importing {module} did not register it as a pytree node "
+                "here (another version of that library?); export again where it runs"
+            )
+    return pytree_modules(meta)
+
+
 def _is_triton_kernel(qualname: str) -> bool:
     """Is `qualname` one of fullgraph's Triton kernels (registered from fullgraph.kernels), not another op of ours?"""
     try:
@@ -250,8 +319,8 @@ def probe(path: str | os.PathLike, *, device_index: int = -1, timeout: float = P
     """Load the package in a child process (once per file content, torch and device: the verdict is cached) and
     return the verdict: {"ok": bool, "rc": exit code, "detail": the child's last line of output, ...}."""
     path = os.fspath(path)
-    sha, _, ops = _read_package(path)
-    return run_probe(path, sha, device_index, timeout, ops)
+    sha, meta, ops = _read_package(path)
+    return run_probe(path, sha, device_index, timeout, ops, pytree_modules(meta))
 
 
 # ---- load ---------------------------------------------------------------------------------------------------------
@@ -326,6 +395,10 @@ class LoadedPackage:
         self.verdict = verdict  # the probe's (`probe`), or None when it was skipped
         self._model = model
         self._graphed = isinstance(model, GraphedCall)
+        try:  # the forward's parameter names of the exported inputs, to call it by keyword as the model was
+            self._names = tuple(json.loads(self.metadata.get(META_PREFIX + "args") or "[]"))
+        except ValueError:
+            self._names = ()
         self._ooms = OomCount()
         device = torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu")
         self._cuda_index = None  # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)
@@ -340,6 +413,8 @@ class LoadedPackage:
         the copy of its outputs. Failures are told apart on the error path only (`fullgraph.deploy._calls`)."""
         if self._cuda_index is not None:
             bind_cuda_context(self._cuda_index)  # a fresh thread: the package's driver-API launches need a context
+        if kwargs:  # the package takes its inputs by position, as exported
+            args, kwargs = self._by_position(args, kwargs), {}
         try:
             if self._graphed:
                 with torch.no_grad():  # GraphedCall captures inference calls only; a package has no autograd anyway
@@ -356,6 +431,23 @@ class LoadedPackage:
             if unfit is None:
                 raise
             raise unfit from None
+
+    def _by_position(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+        """`args` and `kwargs` as the positional inputs the package was exported with, matched by the forward's
+        parameter names (`export` records them); a UsageError naming the names where they do not match."""
+        names, shown = self._names, display_path(self.path)
+        if not names:
+            raise UsageError(
+                f"{shown} takes its inputs by position (its export recorded no parameter names): call it as "
+                f"loaded(*inputs), got keywords {', '.join(kwargs)}"
+            )
+        rest = names[len(args) :]
+        if len(args) > len(names) or set(kwargs) != set(rest):
+            raise UsageError(
+                f"{shown} was exported with inputs ({', '.join(names)}); got {len(args)} by position and "
+                f"{', '.join(kwargs)} by name: give each of them once, by position or by name"
+            )
+        return (*args, *(kwargs[n] for n in rest))
 
     def _unfit(self, args: Any, kwargs: Mapping[str, Any], msg: str) -> UsageError | None:
         """The UsageError for inputs that do not fit the package, named by its own input checks (`msg`, on the CPU)
@@ -426,12 +518,13 @@ def load(
 
         fullgraph.ops.register_ops(ops)  # and those that register on first use
         _check_custom_ops(shown, meta, ops)
+    modules = _register_pytree_types(shown, meta)
     device = meta.get("AOTI_DEVICE_KEY") or "cpu"
     if cuda_graphs and not device.startswith("cuda"):
         raise UsageError(f"cuda_graphs=True: {shown} runs on {device}; CUDA graphs need a package exported on a GPU")
     verdict = None
     if probe_first:
-        verdict = run_probe(path, sha, device_index, probe_timeout, ops)
+        verdict = run_probe(path, sha, device_index, probe_timeout, ops, modules)
         if not verdict["ok"]:
             seen = " (verdict cached from an earlier probe of this file)" if verdict["cached"] else ""
             how = "crashed" if verdict["rc"] < 0 else "failed in"
