@@ -71,7 +71,7 @@ def target(tmp_path, monkeypatch):
         (["--ops", "rms_norm"], "cannot read 'rms_norm'"),
         (["--preset", "egde"], "unknown preset 'egde'"),
         (["--input", "2x5xZ"], "does not parse"),
-        (["--input", "2x5x32", "--input", "c=2x32"], "positional inputs only; c given by name"),
+        (["--input", "c=2x32"], "the inputs given by name (c) must be the ones after the 0 given by position (x)"),
     ],
 )
 def test_export_bad_input_is_one_line_and_exit_2_before_anything_is_built(target, tmp_path, capsys, flags, expected):
@@ -126,16 +126,17 @@ def test_inputs_given_in_the_dtype_the_model_is_cast_to_are_taken(target, tmp_pa
 def test_export_checks_the_package_and_load_runs_it_in_a_fresh_process(target, tmp_path, capsys):
     package = tmp_path / "block.pt2"
     flags = ["--ops", "none", "--dynamic", '{"x": {"1": [1, 64]}}']  # native forms: no Triton needed to run it
+    flags += ["--input", "2x5x32", "--input", "c=2x32"]  # c by name, as a keyword-calling user gives it
     assert main(["export", f"{target}:block", "-o", str(package), *flags]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"in [\d.]+ s; inputs 2x5x32:float32, 2x32:float32, dynamic", out)
+    assert re.search(r"in [\d.]+ s; inputs 2x5x32:float32, c=2x32:float32, dynamic", out)
     assert "custom ops it calls through Python: none" in out
     assert re.search(r"loaded in [\d.]+ s \(of which [\d.]+ s loading it first in a probe process\)", out)
     assert float(re.search(r"error against eager fp32: (\S+)", out).group(1)) < 1e-5
 
     # A fresh process in another folder, without the interpreter: it cannot import m.py and never tries.
     child_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = [sys.executable, "-m", "fullgraph", "load", str(package), "--input", "2x9x32", "--input", "2x32"]
+    run = [sys.executable, "-m", "fullgraph", "load", str(package), "--input", "2x9x32", "--input", "c=2x32"]
     done = subprocess.run(run, capture_output=True, text=True, env=child_env, cwd=tmp_path / "..", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"loaded \S*block\.pt2 in [\d.]+ s \(probe verdict cached", done.stdout)

@@ -165,7 +165,7 @@ def test_a_transformers_model_exported_loads_in_a_process_that_never_imports_tra
     model = transformers.BertForSequenceClassification(config).eval()
     ids, mask = torch.randint(1, 99, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
     mask[0, 5:] = 0
-    path = export(model, (ids, mask), tmp_path / "bert.pt2")
+    path = export(model, (), tmp_path / "bert.pt2", kwargs={"attention_mask": mask, "input_ids": ids})  # a dict
     _, meta = inspect_package(path)
     assert json.loads(meta["fullgraph_pytree"]) == {
         "transformers.modeling_outputs.SequenceClassifierOutput": "transformers.modeling_outputs"

@@ -144,8 +144,7 @@ def run_export(args) -> int:
         model, example = load_target(args.target, args.input, device)
         if not isinstance(model, nn.Module):
             raise UsageError(f"{args.target} is a function; export takes an nn.Module (wrap it in one)")
-        if example.kwargs:
-            raise UsageError(f"export takes positional inputs only; {', '.join(example.kwargs)} given by name")
+        deploy.build.inputs_by_position(model, example.args, example.kwargs)  # usage, before anything runs
         reference = example
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
         if dtype is not None and own is not None:  # `--input ...:bf16 --dtype bf16`: the reference runs as built
@@ -160,7 +159,7 @@ def run_export(args) -> int:
             model, x = model.to(dtype), example.cast(dtype)
         say(f"exporting to {args.output} (torch.export, then AOTInductor builds it)")
         start = time.perf_counter()
-        path = deploy.export(model, x.args, args.output, dynamic=dynamic, preset=preset, mode=mode)
+        path = deploy.export(model, x.args, args.output, dynamic=dynamic, preset=preset, mode=mode, kwargs=x.kwargs)
         built_s = time.perf_counter() - start
         if not args.no_check:
             say("checking: loading it in a probe process, then here, and running it")

@@ -126,6 +126,7 @@ def export(
     dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
     preset: str | None = None,
     mode: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """Export `model` for `example_inputs` (a tuple of positional inputs) into an AOTInductor package at `path`
     (a name ending in .pt2), written whole or not at all; returns the path.
@@ -136,6 +137,9 @@ def export(
     max-autotune and freezing, say), `mode` a torch.compile mode's, less those a package cannot use (`AOT_DROPPED`:
     CUDA graphs, cpp_wrapper). Both are checked before anything is traced.
     The package records the torch and fullgraph versions and the inputs, which `load` checks.
+    `kwargs` are example inputs given by name, as a tokenizer's dict (`input_ids=`, `attention_mask=`): the package
+    takes inputs by position, so they must be the forward's parameters that follow the positional ones (in any
+    order); the loaded package is called by position or by name either way.
     """
     path = os.fspath(path)
     if not path.endswith(".pt2"):
@@ -143,6 +147,7 @@ def export(
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"export takes an nn.Module, not {type(model).__name__}")
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    args = inputs_by_position(model, args, kwargs or {})
     shapes = _dynamic_shapes(model, args, dynamic) if dynamic else None
     options = aot_options(preset, mode)
     try:
@@ -191,6 +196,23 @@ def export(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return path
+
+
+def inputs_by_position(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+    """`args` and then `kwargs` placed by the forward's parameter names: the keyword inputs must be the parameters
+    right after the positional ones, in any order; else one UsageError naming the parameters they must be."""
+    if not kwargs:
+        return args
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in inspect.signature(model.forward).parameters.values() if p.kind in plain]
+    after = names[len(args) : len(args) + len(kwargs)]
+    if set(after) != set(kwargs):
+        raise UsageError(
+            f"{type(model).__name__}.forward takes ({', '.join(names)}); a package takes its inputs by position, so "
+            f"the inputs given by name ({', '.join(kwargs)}) must be the ones after the {len(args)} given by "
+            f"position ({', '.join(after) or 'none left'}): give each parameter before them an example too"
+        )
+    return (*args, *(kwargs[n] for n in after))
 
 
 def _argument_names(model: torch.nn.Module, args: tuple) -> list[str]:
