@@ -142,9 +142,12 @@ def test_the_child_runs_as_a_module_and_reports_without_import_times(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_library_vit_warm_starts_on_every_route(tmp_path):
-    rows, timed = run_suite(tmp_path, "coldstart", *SMALL)
-    assert timed == set(suite.ROUTES) and all(v == 1 for v in by_route(rows, "ok").values())
+def test_the_library_vit_warm_starts_from_its_caches(tmp_path):
+    # The routes through Inductor's caches (the package and precompiled routes' mechanics: the test above, and our
+    # ops inside a package: tests/deploy/test_ops_package.py; each costs a ViT export more, ~70 s of CI's time).
+    routes = ("cold", "warm", "artifacts")
+    rows, timed = run_suite(tmp_path, "coldstart", *SMALL, "--routes", ",".join(routes))
+    assert timed == set(routes) and all(v == 1 for v in by_route(rows, "ok").values())
     hit, miss = by_route(rows, "fxgraph_cache_hit"), by_route(rows, "fxgraph_cache_miss")
     assert miss["cold"] >= 1 and hit["warm"] >= 1 and miss["warm"] == 0 and hit["artifacts"] >= 1
     assert miss["artifacts"] == 0, (hit, miss)
