@@ -215,6 +215,27 @@ def test_export_explains_data_dependent_control_flow(tmp_path):
     assert not (tmp_path / "b.pt2").exists()
 
 
+class KVCache:
+    """An object holding tensors that no pytree registration knows, as transformers' DynamicCache."""
+
+    def __init__(self, keys: torch.Tensor):
+        self.keys = keys
+
+
+def test_export_of_a_model_returning_an_unknown_object_names_it_and_the_fix(tmp_path):
+    class WithCache(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, KVCache(x + 1)
+
+    with pytest.raises(DeployError) as e:
+        export(WithCache(), (torch.randn(3),), tmp_path / "c.pt2")
+    msg = str(e.value)
+    assert "WithCache returns a KVCache, which a package cannot return: return tensors, tuples, lists or dicts" in msg
+    assert "register tests.deploy.test_package.KVCache as a pytree node" in msg
+    assert "export with use_cache=False" in msg and "fullgraph doctor" not in msg  # not a graph break
+    assert not (tmp_path / "c.pt2").exists()
+
+
 def test_export_checks_its_arguments_before_tracing(tmp_path):
     model, x = MLP(), torch.randn(2, 8)
     with pytest.raises(UsageError, match=r"ends in \.pt2"):

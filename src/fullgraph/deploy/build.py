@@ -154,8 +154,8 @@ def export(
         program = torch.export.export(model, args, dynamic_shapes=shapes)
     except Exception as e:  # export reports data-dependent control flow, unsupported ops, bad ranges, ...
         raise DeployError(
-            f"torch.export could not capture {type(model).__name__}{_where(e)}: {first_line(e)}; run "
-            "`fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"
+            f"torch.export could not capture {type(model).__name__}{_where(e)}: {first_line(e)}; "
+            + (_returns_unknown_type(type(model).__name__, str(e)) or _DOCTOR)
         ) from e
     declared = {k: {str(d): list(r) for d, r in v.items()} for k, v in check_dynamic_spec(dynamic or {}).items()}
     here = environment()
@@ -241,6 +241,24 @@ def _flat_dynamic(model: torch.nn.Module, args: tuple, declared: Mapping[str, Ma
         if p in declared:
             out[str(i)] = {str(int(d) % t.ndim): r for d, r in declared[p].items()}
     return out
+
+
+_DOCTOR = "run `fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"
+
+
+def _returns_unknown_type(name: str, text: str) -> str:
+    """The fix where the model returns an object torch.export cannot flatten (transformers' KV cache: "Found <class
+    'transformers.cache_utils.DynamicCache'> in output, which is not a known type"), else ""."""
+    found = re.search(r"Found <class '([\w.]+)'> in output, which is not a known type", text)
+    if not found:
+        return ""
+    qualname = found.group(1)
+    cache = "; for a transformers model's KV cache, export with use_cache=False (model.config.use_cache = False)"
+    return (
+        f"{name} returns a {qualname.rsplit('.', 1)[-1]}, which a package cannot return: return tensors, tuples, "
+        f"lists or dicts, or register {qualname} as a pytree node (torch.utils._pytree.register_pytree_node)"
+        + (cache if "cache" in qualname.lower() else "")
+    )
 
 
 def _where(e: BaseException) -> str:
