@@ -237,26 +237,29 @@ def pytree_types(*specs: Any) -> dict[str, str]:
     }
 
 
-def _recorded_pytree_types(meta: Mapping[str, str]) -> dict[str, str]:
+def recorded(meta: Mapping[str, str], name: str, kind: type) -> Any:
+    """The JSON value `export` recorded under META_PREFIX + `name`, where it is a `kind` (dict, list); an empty one
+    where the package records none (an older export) or something else."""
     try:
-        types = json.loads(meta.get(META_PREFIX + "pytree") or "{}")
+        value = json.loads(meta.get(META_PREFIX + name) or "null")
     except ValueError:
-        return {}
-    return types if isinstance(types, dict) else {}
+        return kind()
+    return value if isinstance(value, kind) else kind()
 
 
 def pytree_modules(meta: Mapping[str, str]) -> list[str]:
     """The modules whose import registers the pytree types the package takes or returns, from its metadata
     (`export` records them); a process loading it (the probe child too) imports them first."""
-    return sorted(set(_recorded_pytree_types(meta).values()))
+    return sorted(set(recorded(meta, "pytree", dict).values()))
 
 
 def _register_pytree_types(shown: str, meta: Mapping[str, str]) -> list[str]:
     """Import what registers the package's own pytree types (a transformers model's output class) where they are not
     registered yet; returns the modules, which the probe child imports too. One DeployError naming the type and the
     module where that fails."""
-    types = _recorded_pytree_types(meta)
-    for module in pytree_modules(meta):
+    types = recorded(meta, "pytree", dict)
+    modules = sorted(set(types.values()))
+    for module in modules:
         named = [n for n, m in types.items() if m == module]
         if all(n in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE for n in named):
             continue
@@ -273,7 +276,7 @@ def _register_pytree_types(shown: str, meta: Mapping[str, str]) -> list[str]:
                 f"{shown} returns {', '.join(still)}, and importing {module} did not register it as a pytree node "
                 "here (another version of that library?); export again where it runs"
             )
-    return pytree_modules(meta)
+    return modules
 
 
 def _is_triton_kernel(qualname: str) -> bool:
@@ -395,10 +398,8 @@ class LoadedPackage:
         self.verdict = verdict  # the probe's (`probe`), or None when it was skipped
         self._model = model
         self._graphed = isinstance(model, GraphedCall)
-        try:  # the forward's parameter names of the exported inputs, to call it by keyword as the model was
-            self._names = tuple(json.loads(self.metadata.get(META_PREFIX + "args") or "[]"))
-        except ValueError:
-            self._names = ()
+        # the forward's parameter names of the exported inputs, to call it by keyword as the model was
+        self._names = tuple(recorded(self.metadata, "args", list))
         self._ooms = OomCount()
         device = torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu")
         self._cuda_index = None  # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)

@@ -221,7 +221,7 @@ def time_rounds(
     the rows' warm call times (`call_s`) say the rounds cannot all fit, each round times fewer calls (`fit_calls`).
     Returns the rounds run."""
     ready = [c for c in cands if c.fn is not None and c.error is None]
-    warmup, per_round = fit_calls(ready, max(MIN_PER_ROUND, -(-reps // rounds)), rounds, deadline)
+    warmup, per_round = fit_calls(ready, calls_per_round(reps, rounds), rounds, deadline)
     done, last = 0, 0.0
     for r in range(rounds):
         if deadline is not None and done and time.monotonic() + last > deadline:
@@ -240,6 +240,12 @@ def time_rounds(
             c.round_medians.append(t.median_ms)
         done, last = done + 1, time.monotonic() - began
     return done
+
+
+def calls_per_round(reps: int, rounds: int = ROUNDS) -> int:
+    """The calls timed per row and round when nothing cuts them: `reps` spread over the rounds, MIN_PER_ROUND at
+    least."""
+    return max(MIN_PER_ROUND, -(-reps // rounds))
 
 
 def fit_calls(ready: Sequence[Candidate], per_round: int, rounds: int, deadline: float | None) -> tuple[int, int]:
@@ -261,8 +267,8 @@ def measure_all(
     """Interleaved rounds; while a row is noisy, every row is measured again (fresh rounds, so rows stay paired
     round by round), MEASURES times at most, and rows still noisy are marked. A transient stall (another process's
     burst, a page-cache flush) rarely spoils three measurements in a row; a busy core spoils them all. With a
-    `deadline`, rounds stop there (one at least: `timed_rounds` of the results says how many ran) and a noisy
-    measurement is repeated only where the first one's length still fits."""
+    `deadline`, rounds stop there (one at least: each result's `rounds` says how many ran) and a noisy measurement
+    is repeated only where the first one's length still fits."""
     began = time.monotonic()
     time_rounds(cands, device, reps, deadline=deadline)
     took = time.monotonic() - began
@@ -284,7 +290,7 @@ def budget_timing_note(cands: Sequence[Candidate], reps: int, budget: float | No
     """The note that a budget cut the timing short (fewer rounds, or fewer calls in each), or none."""
     rounds = max((len(c.round_medians) for c in cands), default=0)
     per_round = timed_per_round(cands)
-    if budget is None or not (0 < rounds < ROUNDS or 0 < per_round < max(MIN_PER_ROUND, -(-reps // ROUNDS))):
+    if budget is None or not (0 < rounds < ROUNDS or 0 < per_round < calls_per_round(reps)):
         return []
     return [
         f"--budget {budget:g} s ran out while timing: {rounds} of {ROUNDS} interleaved rounds ran, {per_round} timed"
