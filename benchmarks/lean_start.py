@@ -13,7 +13,7 @@ module compiled from source, as on an image that ships none). FULLGRAPH_CACHE_DI
 (the package's hash and probe verdict remembered, as a deployment keeps it), filled by the bytecode process.
 
 Run (H200, a ViT-B/16 b4 bf16 package exported first, ~2 min):
-  PYTHONPATH=src python3 -m fullgraph export benchmarks/targets/vit.py:vit_b16 --input 4x3x224x224:bf16 \
+  PYTHONPATH=src python3 -m fullgraph export benchmarks/targets/vit.py:vit_b16 --input 4x3x224x224 \
       --dtype bf16 --no-check -o out/vitb4.pt2
   PYTHONPATH=src python3 benchmarks/lean_start.py out/vitb4.pt2 --input 4x3x224x224 --prev .prev/lean \
       --csv $OUT/lean_start_h200.csv
@@ -80,6 +80,19 @@ def child(tree: str, args: argparse.Namespace, reps: int, env: dict[str, str]) -
     return json.loads(lines[-1])
 
 
+def by_tree(rows: list[dict], tree: str) -> list[dict]:
+    return [r for r in rows if r["tree"] == tree]
+
+
+def steady_ratio(mine: list[dict], prev: list[dict]) -> str:
+    """The steady state of this tree against the previous commit's: the median of the paired runs' ratios (each run
+    of this tree against the run of the other that followed it, so the pair saw the same machine state), with the
+    median of each tree's run medians beside it, which one slow run moves."""
+    paired = statistics.median(a["median_ms"] / b["median_ms"] for a, b in zip(mine, prev, strict=True))
+    medians = statistics.median(r["median_ms"] for r in mine) / statistics.median(r["median_ms"] for r in prev)
+    return f"{paired:.4f} (median of {len(mine)} paired runs; of the run medians {medians:.4f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("package")
@@ -122,9 +135,10 @@ def main() -> None:
         line += f"{worst:.3f} s" + (f" ({'meets' if worst <= 1.0 else 'misses'} <= 1.0 s)" if bytecode else "")
         prev = [r for r in rows if r["tree"] == "prev" and r["bytecode"] == bytecode]
         if prev:
-            ratio = statistics.median(r["median_ms"] for r in mine) / statistics.median(r["median_ms"] for r in prev)
-            line += f"; steady this / prev {ratio:.4f}"
+            line += f"; steady this / prev {steady_ratio(mine, prev)}"
         print(line)
+    if "prev" in trees:
+        print(f"steady this / prev over every bytecode mode: {steady_ratio(*(by_tree(rows, t) for t in trees))}")
     if args.csv:
         with open(args.csv, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
