@@ -4,6 +4,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -285,6 +286,8 @@ def test_cuda_graphs_on_a_cpu_package_are_refused_before_the_probe(tmp_path, mon
         ({"runners": 0}, r"runners=0: give how many model instances to keep, a positive int"),
         ({"runners": True}, r"runners=True: give how many"),
         ({"runners": 2, "cuda_graphs": True}, r"runners=2 with cuda_graphs=True: the replayed model runs single"),
+        ({"serial": True, "cuda_graphs": True}, r"serial=True with cuda_graphs=True \(which runs it single-threaded"),
+        ({"serial": True, "runners": 2}, r"serial=True with runners=2: serial runs one model instance behind a lock"),
     ],
 )
 def test_bad_runners_are_refused_before_the_file_is_read(tmp_path, kwargs, says):
@@ -422,10 +425,10 @@ def test_out_of_memory_in_a_package_call_names_the_inputs(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runners", [1, 3])
-def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_package, runners):
+@pytest.mark.parametrize("options", [{"runners": 1}, {"runners": 3}, {"serial": True}], ids=["1", "3", "serial"])
+def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_package, options):
     path, _ = mlp_package
-    loaded = load(path, probe_first=False, runners=runners)  # 3: calls of several threads run at once
+    loaded = load(path, probe_first=False, **options)  # runners 3: calls of several threads run at once
     inputs = [torch.randn(4, 8) for _ in range(16)]
     cold = threaded(loaded, inputs[:8], rounds=1)  # the first calls, all at once
     with torch.no_grad():
@@ -434,6 +437,39 @@ def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_pa
     for got in (cold, warm):
         assert got["exceptions"] == [] and got["calls"] > 0
         assert [i for i, out in got["outputs"] if not torch.equal(out, refs[i])] == []
+
+
+def test_serial_opens_the_runtime_single_threaded_and_runs_one_call_at_a_time(mlp_package, monkeypatch):
+    opened, inside, most = [], [0], [0]
+    real = package.open_package
+
+    def open_package(path, device_index, single_threaded=False, runners=1):
+        opened.append(single_threaded)
+        model = real(path, device_index, single_threaded=single_threaded, runners=runners)
+
+        def run(*args):  # counts the calls inside the runtime at once
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.002)  # lets the other threads in, were the lock missing
+            try:
+                return model(*args)
+            finally:
+                inside[0] -= 1
+
+        return run
+
+    monkeypatch.setattr(package, "open_package", open_package)
+    path, _ = mlp_package
+    loaded = load(path, probe_first=False, serial=True)
+    inputs = [torch.randn(4, 8) for _ in range(8)]
+    with torch.no_grad():
+        refs = [loaded(x) for x in inputs]
+    got = threaded(loaded, inputs, rounds=5)
+    assert opened == [True] and isinstance(loaded._model, package.SerialCall)
+    assert got["exceptions"] == [] and [i for i, out in got["outputs"] if not torch.equal(out, refs[i])] == []
+    assert most[0] == 1  # 8 threads, never two calls inside the runtime together
+    pooled = load(path, probe_first=False)  # the default keeps the runtime's pool
+    assert opened == [True, False] and not isinstance(pooled._model, package.SerialCall)
 
 
 def test_two_processes_updating_one_memo_keep_every_entry(tmp_path):

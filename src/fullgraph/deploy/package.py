@@ -33,6 +33,7 @@ import json
 import os
 import struct
 import sys
+import threading
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -350,6 +351,22 @@ class PackageCall:
         return self.loader.get_metadata()
 
 
+class SerialCall:
+    """A package's model loaded single-threaded (`open_package(..., single_threaded=True)`), behind one lock of its
+    own: `load(..., serial=True)`. The runtime's pool of model instances is not used, so a call neither records nor
+    queries a CUDA event, and it never waits inside the runtime, holding the GIL, for the previous call's kernels
+    to finish: the lock covers the launches only, and the next caller launches while the GPU still runs the last
+    call. Each call runs on its caller's current stream; the runtime allocates a call's buffers through torch's
+    caching allocator, which keeps them apart across streams."""
+
+    def __init__(self, model: Callable):
+        self._model, self._lock = model, threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return self._model(*args, **kwargs)
+
+
 def _loader_class() -> Any:
     return getattr(torch._C._aoti, "AOTIModelPackageLoader", None)
 
@@ -490,6 +507,7 @@ def load(
     probe_timeout: float = PROBE_TIMEOUT_S,
     cuda_graphs: bool = False,
     runners: int = 1,
+    serial: bool = False,
 ) -> LoadedPackage:
     """Load an AOTInductor package as a callable, without risking this process.
 
@@ -505,6 +523,8 @@ def load(
     callable from many threads at once (`LoadedPackage.__call__`). `runners` (without cuda_graphs) is how many
     instances of the model the runtime keeps, so that calls from several threads, or one thread's next call, need
     not wait for the previous call's kernels (`open_package`); each costs one more activation arena, not weights.
+    `serial=True` (without cuda_graphs) runs one instance single-threaded behind the package's own lock instead
+    (`SerialCall`): no event bookkeeping per call, and no call waits inside the runtime for the previous one.
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
@@ -513,6 +533,9 @@ def load(
         raise UsageError(f"runners={runners!r}: give how many model instances to keep, a positive int (default 1)")
     if cuda_graphs and runners != 1:
         raise UsageError(f"runners={runners} with cuda_graphs=True: the replayed model runs single-threaded; drop one")
+    if serial and (cuda_graphs or runners != 1):
+        other = "cuda_graphs=True (which runs it single-threaded already)" if cuda_graphs else f"runners={runners}"
+        raise UsageError(f"serial=True with {other}: serial runs one model instance behind a lock; drop one")
     sha, meta, ops = _read_package(path)
     if ops:  # only then: fullgraph.ops imports Dynamo and Triton, which loading a package needs no more
         import fullgraph.ops  # registers our custom ops, which the package calls
@@ -537,9 +560,11 @@ def load(
     # inputs of other shapes, dtypes or devices than exported fails by name instead of computing garbage.
     os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     try:
-        model = open_package(path, device_index, single_threaded=cuda_graphs, runners=runners)
+        model = open_package(path, device_index, single_threaded=cuda_graphs or serial, runners=runners)
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
     if cuda_graphs:
         model = GraphedCall(model, name=os.path.basename(path))
+    elif serial:
+        model = SerialCall(model)
     return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict)

@@ -1,7 +1,9 @@
 import json
+import os
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,6 +140,8 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
         (("--input-sets", "0"), "--input-sets 0"),
         (("--runners", "2"), "--runners 2: a package's model instances, for --callable package without"),
         (("--callable", "package", "--cuda-graphs", "--runners", "2"), "--runners 2: a package's model instances"),
+        (("--callable", "package,serial", "--runners", "2"), "and not beside serial (one instance by design)"),
+        (("--callable", "package,serial", "--cuda-graphs"), "--cuda-graphs with --callable serial: a replayed"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
@@ -149,7 +153,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
 
 def test_a_package_file_runs_only_as_a_package(tmp_path, capsys):
     assert main(["bench", "load", str(tmp_path / "model.pt2"), "--callable", "compiled", *FAST]) == 2
-    assert "model.pt2 is a package: it runs as --callable package (or locked" in capsys.readouterr().err
+    assert (
+        "model.pt2 is a package: it runs as --callable package (or serial: single-threaded behind its lock; "
+        "locked: behind one lock), not compiled" in capsys.readouterr().err
+    )
 
 
 def test_input_sets_vary_the_floats_and_keep_ids():
@@ -212,3 +219,34 @@ def test_a_package_targets_second_kind_opens_the_file_again():
     assert opened == []
     locked = suite.opener(plan, "locked", loaded, ((), {}), sources, "")()
     assert opened == [{"cuda_graphs": False, "runners": 2}] and locked is not loaded
+
+
+def test_serial_opens_the_package_again_single_threaded(tmp_path):
+    # `package,serial`: serial is its own load of the file (the runtime opened single-threaded), for a .pt2 TARGET
+    # and for a package exported here from a Python TARGET, exported once for both kinds
+    opened, exported = [], []
+
+    def open_package(path, specs, **options):
+        opened.append((os.path.basename(path), options))
+        return object(), None
+
+    def export(model, args, path, preset):
+        exported.append(path)
+        Path(path).write_bytes(b"pt2")
+        return path
+
+    sources = suite.Sources(None, open_package, export, None, None, lambda msg: None)
+    plan = suite.Plan(target="m.pt2", kinds=("package", "serial"), threads=(1,), seconds=1.0, cold=False,
+                      preset="dev", cuda_graphs=False, device="cpu")  # fmt: skip
+    loaded = object()
+    assert suite.opener(plan, "package", loaded, ((), {}), sources, "")() is loaded
+    assert suite.opener(plan, "serial", loaded, ((), {}), sources, "")() is not loaded
+    assert opened == [("m.pt2", {"cuda_graphs": False, "runners": 1, "serial": True})]
+    plan = suite.Plan(target="t.py:m", kinds=("package", "serial"), threads=(1,), seconds=1.0, cold=False,
+                      preset="dev", cuda_graphs=False, device="cpu")  # fmt: skip
+    work, opened[:] = str(tmp_path), []
+    for kind in plan.kinds:
+        suite.opener(plan, kind, torch.nn.Linear(2, 2), ((torch.randn(1, 2),), {}), sources, work)()
+    assert exported == [os.path.join(work, "model.pt2")]
+    assert opened == [("model.pt2", {"cuda_graphs": False, "runners": 1}),
+                      ("model.pt2", {"cuda_graphs": False, "runners": 1, "serial": True})]  # fmt: skip

@@ -61,11 +61,14 @@ KINDS = {
     "the batch",
     "precompiled": "fullgraph.deploy.save_precompiled with the preset's mode, then load_precompiled",
     "package": "an AOTInductor package: a .pt2 TARGET, or exported here (minutes on a GPU); with --cuda-graphs",
+    "serial": "that package's one model instance run single-threaded behind the package's lock (fullgraph.deploy."
+    "load(..., serial=True)): no per-call event, no wait inside the runtime for the previous call",
     "plain": "torch.compile(model, mode=the preset's mode), for comparison",
     "locked": "torch.compile(model, mode=the preset's mode) behind one lock, outputs cloned inside it: what a server "
     "writes by hand, the floor fullgraph's callables must not fall below (a .pt2 TARGET: the package behind one lock)",
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
+PACKAGE_KINDS = {"package", "serial", "locked"}  # what a .pt2 TARGET runs as
 INPUT_SETS = 8
 WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
 
@@ -76,7 +79,7 @@ class Sources:
     import everything): how to read a TARGET, and fullgraph.deploy's functions."""
 
     load_target: Callable[[str, Sequence[str], torch.device], tuple[Any, Any]]  # -> (model, Example on device)
-    open_package: Callable[..., tuple[Any, Any]]  # (.pt2, --input, cuda_graphs=, runners=) -> (loaded, inputs)
+    open_package: Callable[..., tuple[Any, Any]]  # (.pt2, --input, cuda_graphs=, runners=, serial=) -> (loaded, inputs)
     export: Callable[..., str]  # fullgraph.deploy.export(model, args, path, preset=)
     save_precompiled: Callable[..., Any]  # (model, args, path, mode=)
     load_precompiled: Callable[[str, torch.nn.Module], Callable]
@@ -108,16 +111,21 @@ class Plan:
             raise UsageError(f"--seconds {self.seconds:g}: give the seconds each thread count is timed, e.g. 30")
         if self.input_sets < 1:
             raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
-        if self.target.endswith(".pt2") and not set(self.kinds) <= {"package", "locked"}:
-            raise UsageError(f"{self.target} is a package: it runs as --callable package (or locked: behind one lock), "
-                             f"not {','.join(self.kinds)}")  # fmt: skip
+        if self.target.endswith(".pt2") and not set(self.kinds) <= PACKAGE_KINDS:
+            raise UsageError(f"{self.target} is a package: it runs as --callable package (or serial: single-threaded "
+                             f"behind its lock; locked: behind one lock), not {','.join(self.kinds)}")  # fmt: skip
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
-        if self.runners != 1 and ("package" not in self.kinds or self.cuda_graphs):
+        if self.cuda_graphs and "serial" in self.kinds:
+            raise UsageError("--cuda-graphs with --callable serial: a replayed package runs single-threaded already; "
+                             "compare them as two runs")  # fmt: skip
+        if self.runners != 1 and ("package" not in self.kinds or self.cuda_graphs or "serial" in self.kinds):
             raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package without "
-                             "--cuda-graphs")  # fmt: skip
-        if self.package is not None and ("package" not in self.kinds or not self.package.endswith(".pt2")):
-            raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package")
+                             "--cuda-graphs, and not beside serial (one instance by design)")  # fmt: skip
+        if self.package is not None and (
+            not {"package", "serial"} & set(self.kinds) or not self.package.endswith(".pt2")
+        ):
+            raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package or serial")
         fg_compile.get_preset(self.preset)  # an unknown name is a UsageError listing the presets
 
     @property
@@ -138,6 +146,7 @@ class Plan:
             if self.cuda_graphs
             else "package" + (f", {self.runners} runners" if self.runners != 1 else ""),
             "plain": f"torch.compile {self.mode or 'default'}",
+            "serial": "package, serial",
             "locked": "package, locked"
             if self.target.endswith(".pt2")
             else f"torch.compile {self.mode or 'default'}, locked",
@@ -190,9 +199,11 @@ def load_model(plan: Plan, sources: Sources) -> tuple[Any, Inputs]:
     model, example = sources.load_target(plan.target, plan.input_specs, torch.device(plan.device))
     x = _pair(example)
     for kind in plan.kinds:
-        if kind in ("compiled", "bucketed", "precompiled", "package") and not isinstance(model, torch.nn.Module):
+        if kind in ("compiled", "bucketed", "precompiled", "package", "serial") and not isinstance(
+            model, torch.nn.Module
+        ):
             raise UsageError(f"--callable {kind} takes an nn.Module; {plan.target} returned {type(model).__name__}")
-        if kind in ("precompiled", "package") and x[1]:
+        if kind in ("precompiled", "package", "serial") and x[1]:
             raise UsageError(f"--callable {kind} takes positional inputs only; {plan.target} has keyword inputs")
     return model, x
 
@@ -206,6 +217,8 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         first = iter([model] if kind == plan.kinds[0] else [])
 
         def package() -> Callable:
+            if kind == "serial":  # its own load: the runtime is opened single-threaded
+                return sources.open_package(plan.target, (), **plan.package_options, serial=True)[0]
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
             return _locked(loaded) if kind == "locked" else loaded
 
@@ -225,11 +238,12 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         sources.progress(f"precompiling {type(model).__name__} ({plan.mode or 'default'} mode)")
         sources.save_precompiled(model, x[0], path, mode=plan.mode)
         return lambda: sources.load_precompiled(path, model)
-    path = plan.package
-    if path is None:
+    path = plan.package or os.path.join(work, "model.pt2")
+    if not os.path.exists(path):  # exported once for package and serial
         sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
-        path = sources.export(model, x[0], os.path.join(work, "model.pt2"), preset=plan.preset)
-    return lambda: sources.open_package(path, (), **plan.package_options)[0]
+        path = sources.export(model, x[0], path, preset=plan.preset)
+    serial = {"serial": True} if kind == "serial" else {}
+    return lambda: sources.open_package(path, (), **plan.package_options, **serial)[0]
 
 
 def _locked(fn: Callable) -> Callable:
