@@ -18,6 +18,7 @@ def doctor_cli(cwd, *args, timeout=300):
     return r, time.monotonic() - t0
 
 
+@pytest.mark.exclusive
 def test_no_arguments_runs_the_demo_and_writes_both_reports(tmp_path):
     # The 60 s bound (issue 11) is for a 2-core CPU machine; on a GPU machine the bare command times every GPU mode
     # (max-autotune included), so there the same demo is held to the bound on the CPU.

@@ -192,6 +192,7 @@ def test_regional_inductor_equals_eager(mechanism):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_cold_compile_ratio_in_fresh_processes(tmp_path):
     """Fresh processes, empty caches: regional (per-block) against whole-model compilation of a 12-block ViT.
 

@@ -160,10 +160,12 @@ def _timed_without_redis(url, password, match):
     assert remote_s <= local_s + TIMEOUT + 1.0, (remote_s, local_s)
 
 
+@pytest.mark.exclusive
 def test_refused_connection_costs_at_most_one_timeout():
     _timed_without_redis(f"redis://127.0.0.1:{free_port()}/0", "pw", "compiling locally")
 
 
+@pytest.mark.exclusive
 def test_paused_redis_costs_at_most_one_timeout(redis):
     os.kill(redis.pid, signal.SIGSTOP)
     try:

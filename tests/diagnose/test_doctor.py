@@ -146,6 +146,7 @@ def unloaded_doctor(model, inputs, attempts: int = 3):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_a_busy_core_never_yields_a_lead_inside_the_noise():
     """With a busy-loop on one core, the doctor recommends what it recommends unloaded or marks rows noisy; and a
     recommendation that is not a tie leads every other row by more than both rows' spread."""
