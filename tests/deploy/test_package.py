@@ -4,6 +4,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -337,6 +338,40 @@ def test_a_package_whose_first_kernel_is_triton_runs_from_a_fresh_thread(tmp_pat
     assert got["exceptions"] == [] and got["calls"] == 8 * 5
     for i, out in got["outputs"]:
         torch.testing.assert_close(out, refs[i], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+def test_a_serial_cuda_package_from_threads_on_their_own_streams_gives_each_its_output(tmp_path):
+    # serial=True: the lock covers the launches only, so calls made on different streams run on the GPU together;
+    # right only if a call's buffers are its own (the runtime allocates them through the caching allocator)
+    model = MLP(dim=1024, hidden=4096, out=1024).cuda().eval()
+    path = export(model, (torch.randn(256, 1024, device="cuda"),), tmp_path / "wide.pt2")
+    loaded = load(path, probe_first=False, serial=True)
+    inputs = [torch.randn(256, 1024, device="cuda") for _ in range(8)]
+    with torch.no_grad():
+        refs = [model(x) for x in inputs]
+    torch.cuda.synchronize()
+    wrong, errors, barrier = [], [], threading.Barrier(8)
+
+    def work(t: int) -> None:
+        stream = torch.cuda.Stream()
+        barrier.wait()
+        try:
+            for _ in range(20):
+                with torch.cuda.stream(stream):
+                    out = loaded(inputs[t])
+                stream.synchronize()
+                if not torch.allclose(out, refs[t], rtol=1e-3, atol=1e-3):
+                    wrong.append(t)
+        except Exception as e:  # counted: every thread's failure is reported
+            errors.append(repr(e))
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join(timeout=300)
+    assert errors == [] and wrong == []
 
 
 def test_a_presets_inductor_options_reach_the_package_less_what_a_package_cannot_use():
