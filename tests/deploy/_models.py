@@ -32,6 +32,18 @@ def linears() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return Linears().eval(), (torch.randn(4, 8),)
 
 
+def tiny_bert() -> nn.Module:
+    """transformers' BertModel, one small layer (a vocabulary of 1000: the CLI draws integer inputs below it), random
+    weights: its graph carries guards on Python objects' identity (ID_MATCH) that torch cannot write to a
+    precompiled file (torch 2.13; on 2.11 unchecked)."""
+    import transformers
+
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=1000
+    )
+    return transformers.BertModel(config).eval()
+
+
 def load_and_run(path: str, signature: str) -> None:
     """A fresh process: load the cache file, compile the same model, run it; print torch's cache counters and the
     error against eager as JSON on the last line of stdout."""

@@ -283,3 +283,33 @@ def test_a_second_precompile_at_another_size_stays_static(tmp_path, monkeypatch)
         torch.testing.assert_close(loaded(x), model(x))
     with pytest.raises(DeployError, match="was precompiled for inputs 6x8:float32@cpu, not 5x8:float32@cpu"):
         loaded(torch.randn(5, 8))
+
+
+class Printing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        print("mean", y.mean().item())  # a graph break (a tensor read back to Python)
+        return y * 2
+
+
+@needs_api
+@pytest.mark.slow
+def test_what_cannot_be_precompiled_says_why_and_which_route_remains(tmp_path):
+    with pytest.raises(pre.NotPrecompilable, match=r"could not precompile Printing in one graph: .*fullgraph doctor"):
+        pre.save_precompiled(Printing().eval(), (torch.randn(2, 8),), tmp_path / "p.fgpre")
+    pytest.importorskip("transformers")
+    from tests.deploy._models import tiny_bert
+
+    try:  # transformers' BERT: guards torch 2.13 cannot write to a file
+        pre.save_precompiled(tiny_bert(), (torch.randint(0, 1000, (2, 8)),), tmp_path / "b.fgpre")
+    except pre.NotPrecompilable as e:
+        said = str(e)
+    else:
+        pytest.skip(f"torch {torch.__version__} saves BERT's guards: the message has nothing to say here")
+    assert f"torch {torch.__version__} cannot save BertModel's compiled code" in said and "guard" in said
+    assert "AOT package (fullgraph.deploy.export)" in said and "fullgraph doctor" not in said
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -193,6 +193,25 @@ def test_cache_warm_fills_the_cache_and_publishes_what_a_replica_serves(redis, t
     assert got["how"] == "published precompiled code" and got["frames"] == 0 and got["err"] < 1e-6
 
 
+@pytest.mark.slow
+def test_cache_warm_of_a_model_torch_cannot_save_fills_the_cache_and_says_why_nothing_was_published(
+    redis, tmp_path, capsys, monkeypatch
+):
+    pytest.importorskip("transformers")
+    from fullgraph.cli.main import main
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "warm"))
+    rc = main(["cache", "warm", "tests.deploy._models:tiny_bert", "--input", "2x8:int64", "--device", "cpu",
+               "--remote", redis.url, "--password", redis.password, "--key", KEY])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    if "published the precompiled code" in out:
+        pytest.skip(f"torch {torch.__version__} saves BERT's guards: nothing to refuse here")
+    written = int(re.search(r"compiled in [\d.]+ s; remote cache \S+: (\d+) entries written", out).group(1))
+    assert written >= 1  # the remote cache took the compiled graph all the same
+    assert "not published for fullgraph.deploy.serve: torch " in out and "cannot save BertModel's compiled code" in out
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _no_remote_cache_after():
     """A fallback turns the fleet's remote cache on for the process; later test modules must not inherit it."""

@@ -72,7 +72,7 @@ def run_warm(args) -> int:
 
 def _publish(args, model, example, say) -> int:
     """The precompiled code for `fullgraph.deploy.serve` (positional inputs only, torch 2.11+)."""
-    from fullgraph.deploy.precompile import unsupported_reason
+    from fullgraph.deploy.precompile import NotPrecompilable, unsupported_reason
     from fullgraph.deploy.published import publish
 
     why = unsupported_reason() or ("the inputs are keywords; precompiled code takes positional inputs"
@@ -81,8 +81,12 @@ def _publish(args, model, example, say) -> int:
         print(f"not published for fullgraph.deploy.serve: {why}")
         return 0
     say(f"precompiling for publication ({args.preset})")
-    name, size = publish(model, example.args, args.remote, password=args.password, key=args.key,
-                         preset=args.preset, timeout=args.timeout)  # fmt: skip
+    try:
+        name, size = publish(model, example.args, args.remote, password=args.password, key=args.key,
+                             preset=args.preset, timeout=args.timeout)  # fmt: skip
+    except NotPrecompilable as e:  # the remote cache is filled all the same; replicas compile through it
+        print(f"not published for fullgraph.deploy.serve: {e}")
+        return 0
     print(f"published the precompiled code as {name} ({size / 1e6:.2f} MB): replicas start from it with "
           f"fullgraph.deploy.serve(model, inputs, URL, preset={args.preset!r})")  # fmt: skip
     return 0

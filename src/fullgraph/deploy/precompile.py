@@ -83,6 +83,11 @@ ENVIRONMENT_KEYS = ("python", "torch", "triton", "fullgraph", "device", "capabil
 _FIX = "precompile the model again in this environment (fullgraph.deploy.save_precompiled)"
 
 
+class NotPrecompilable(DeployError):
+    """The model cannot be precompiled in this torch (a graph break, or a guard torch cannot write to a file): the
+    message names the cause and the routes that remain. `fullgraph cache warm` says it and publishes nothing."""
+
+
 @dataclass(frozen=True)
 class PrecompiledMeta:
     """The header of a precompiled file: where it was made, for which model and inputs, and a checksum."""
@@ -197,7 +202,15 @@ def save_precompiled(
     except DeployError:
         raise
     except Exception as e:  # Dynamo reports graph breaks and unsupported code, Inductor its lowering failures
-        raise DeployError(
+        if "guard cannot be serialized" in str(e):  # torch's PackageError, raised as it saves the guards
+            raise NotPrecompilable(
+                f"torch {torch.__version__} cannot save {type(model).__name__}'s compiled code: {first_line(e)} "
+                "(its graph is guarded on the identity of a Python object, such as a library's enum member or a "
+                "method passed as an argument, and torch cannot write that check to a file); serve it from an AOT "
+                "package (fullgraph.deploy.export) or compile it through the remote cache "
+                "(fullgraph.deploy.remote_cache)"
+            ) from e
+        raise NotPrecompilable(
             f"could not precompile {type(model).__name__} in one graph: {first_line(e)}; run "
             "`fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"
         ) from e

@@ -114,7 +114,8 @@ def publish(model: torch.nn.Module, inputs: Sequence[Any], url: str | None = Non
             dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
             timeout: float = DEFAULT_TIMEOUT_S) -> tuple[str, int]:  # fmt: skip
     """Precompile `model(*inputs)` with the preset's mode and Inductor options and publish it: (the Redis key, the
-    bytes written). Raises a DeployError when Redis cannot take it (it is the point of the call)."""
+    bytes written). Raises a DeployError when Redis cannot take it (it is the point of the call), and
+    `NotPrecompilable` (a DeployError) when torch cannot precompile the model or save its code."""
     url = redis_url(url, "give the Redis URL (url=...)")
     secret = _secret(key)
     inputs = tuple(inputs)
