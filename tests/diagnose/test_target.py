@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -26,6 +28,44 @@ def test_input_specs(spec, shape, dtype):
 def test_bad_specs(bad):
     with pytest.raises(UsageError, match=r"spec|dtype"):
         target.parse_input_spec(bad)
+
+
+def test_an_integer_spec_takes_an_inclusive_value_range():
+    t = target.make_input("3x500:int64:2-4", torch.device("cpu"))
+    assert t.dtype == torch.int64 and t.shape == (3, 500)
+    assert set(t.unique().tolist()) == {2, 3, 4}  # both ends drawn, nothing outside
+    plain = target.make_input("3x500:int32", torch.device("cpu"))
+    assert plain.min() >= 0 and plain.max() <= 999 and plain.max() > 900
+    assert target.make_input("50:int64:7-7", torch.device("cpu")).eq(7).all()
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("2x16:int64:1", "the value range '1' does not parse; write LOW-HIGH, both included"),
+        ("2x16:int64:5-2", "the value range '5-2' does not parse"),
+        ("2x16:int64:-1-3", "the value range '-1-3' does not parse"),
+        ("2x16:fp32:0-1", "a value range is for integer inputs; drop it for torch.float32"),
+        ("2x16:bool:0-1", "a value range is for integer inputs"),
+    ],
+)
+def test_bad_value_ranges_are_refused_by_name(bad, says):
+    with pytest.raises(UsageError, match=re.escape(says)):
+        target.make_input(bad, torch.device("cpu"))
+
+
+def test_an_index_out_of_range_on_drawn_integers_says_how_to_bound_them():
+    table = nn.Embedding(2, 4)  # a token-type table: ids 0 and 1 only
+    ex = target.inputs_from_specs(["2x16:int64"], torch.device("cpu"))
+    try:
+        table(*ex.args)
+    except IndexError as e:
+        err = target.eager_failure(e, ex)
+    assert isinstance(err, FullgraphError) and str(err).startswith("the model fails in eager mode: IndexError")
+    assert "integer inputs are drawn from 0-999 unless their spec gives a range" in str(err)
+    floats = target.inputs_from_specs(["2x16"], torch.device("cpu"))
+    assert "drawn from" not in str(target.eager_failure(IndexError("index out of range in self"), floats))
+    assert "drawn from" not in str(target.eager_failure(ValueError("shapes differ"), ex))
 
 
 def write(tmp_path, body: str) -> str:

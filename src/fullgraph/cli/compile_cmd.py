@@ -148,8 +148,7 @@ def run(args) -> int:
     from fullgraph.cli.progress import progress_reporter
     from fullgraph.compile import Bucketed
     from fullgraph.diagnose.configs import TOLERANCE, rel_err
-    from fullgraph.diagnose.target import load_target, parse_dtype
-    from fullgraph.env import first_line
+    from fullgraph.diagnose.target import eager_failure, load_target, parse_dtype
     from fullgraph.errors import FullgraphError, UsageError
     from fullgraph.timing import resolve_device, round_medians
 
@@ -180,7 +179,7 @@ def run(args) -> int:
             try:
                 ref = example.call(model)
             except Exception as e:
-                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
+                raise eager_failure(e, example) from e
         cm = fullgraph.compile(  # validates everything; nothing compiles before the first call
             copy.deepcopy(model), args.preset, mode=args.mode, backend=args.backend, options=options, dtype=dtype,
             dynamic=dynamic, plan=plan, regional=args.regional or False, strict_recompiles=args.strict,

@@ -125,9 +125,8 @@ def run_export(args) -> int:
     from fullgraph.cli.progress import progress_reporter
     from fullgraph.deploy import DeployError
     from fullgraph.diagnose.configs import TOLERANCE, rel_err
-    from fullgraph.diagnose.target import load_target, parse_dtype
-    from fullgraph.env import first_line
-    from fullgraph.errors import FullgraphError, UsageError
+    from fullgraph.diagnose.target import eager_failure, load_target, parse_dtype
+    from fullgraph.errors import UsageError
     from fullgraph.ops.policies import parse_spec
     from fullgraph.timing import resolve_device
 
@@ -153,7 +152,7 @@ def run_export(args) -> int:
             try:
                 ref = reference.call(model)
             except Exception as e:
-                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}") from e
+                raise eager_failure(e, reference) from e
         x = example
         if dtype is not None:
             model, x = model.to(dtype), example.cast(dtype)

@@ -5,7 +5,9 @@ function included), `(model, args)` or `(model, args, kwargs)`; `args` is a tupl
 each any structure of tensors and Python values (a list of images, a float). A TARGET that itself needs arguments
 (a function to examine, not a builder) or is an nn.Module instance is the model, and `--input` gives its inputs.
 An input spec is `4x3x224x224:bf16` (dims, then a dtype; the dtype defaults to float32), or `name=spec` for a
-keyword argument. Every failure raises a `FullgraphError` whose message is one line saying what to change.
+keyword argument. Floating inputs are drawn from a normal distribution; integer ones from 0-999, or from an
+inclusive range the spec gives (`token_type_ids=2x16:int64:0-1`). Every failure raises a `FullgraphError` whose
+message is one line saying what to change.
 """
 
 from __future__ import annotations
@@ -53,13 +55,41 @@ def parse_input_spec(spec: str) -> tuple[tuple[int, ...], torch.dtype]:
     return shape, parse_dtype(dtype) if dtype else torch.float32
 
 
+INT_VALUES = (0, 999)  # the integers an integer input spec without a range is drawn from, both included
+
+
 def make_input(spec: str, device: torch.device) -> torch.Tensor:
-    shape, dtype = parse_input_spec(spec)
+    """A random tensor for `spec`: `2x16:int64`, or with an inclusive value range, `2x16:int64:0-1`."""
+    head, values = spec, None
+    if spec.count(":") == 2:
+        head, _, text = spec.rpartition(":")
+        low, dash, high = text.partition("-")
+        if not (dash and low.isdigit() and high.isdigit() and int(low) <= int(high)):
+            raise UsageError(f"input spec {spec!r}: the value range {text!r} does not parse; write LOW-HIGH, both "
+                             "included, e.g. 2x16:int64:0-1")  # fmt: skip
+        values = (int(low), int(high))
+    shape, dtype = parse_input_spec(head)
+    if values is not None and (dtype.is_floating_point or dtype == torch.bool):
+        raise UsageError(f"input spec {spec!r}: a value range is for integer inputs; drop it for {dtype}")
     if dtype.is_floating_point:
         return torch.randn(shape, dtype=dtype, device=device)
     if dtype == torch.bool:
         return torch.rand(shape, device=device) > 0.5
-    return torch.randint(0, 1000, shape, dtype=dtype, device=device)
+    low, high = values or INT_VALUES
+    return torch.randint(low, high + 1, shape, dtype=dtype, device=device)
+
+
+def eager_failure(e: Exception, example: Example) -> FullgraphError:
+    """The one-line error for a model that fails in eager mode on inputs made from specs; where an index went out of
+    range and some inputs are integers, how to bound what they are drawn from."""
+    hint = ""
+    text = str(e)
+    if isinstance(e, IndexError) or "index out of range" in text or "out of bounds" in text:
+        integers = [t for t in example.tensors() if not t.is_floating_point() and t.dtype != torch.bool]
+        if integers:
+            hint = (f"; integer inputs are drawn from {INT_VALUES[0]}-{INT_VALUES[1]} unless their spec gives a "
+                    "range: e.g. --input token_type_ids=2x16:int64:0-1")  # fmt: skip
+    return FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}{hint}")
 
 
 @contextlib.contextmanager
