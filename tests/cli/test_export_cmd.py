@@ -2,6 +2,7 @@
 is built; work that fails is one line and exit 1; a good export is loaded, checked against eager and runs in a
 fresh process that never imports the model's code."""
 
+import json
 import os
 import re
 import subprocess
@@ -106,11 +107,22 @@ def test_load_errors(target, tmp_path, capsys):
     assert "--reps must be at least 1" in last_error(capsys, "load")
 
 
+class Recorded:
+    """What recorded_specs reads of a loaded package: its recorded inputs and metadata."""
+
+    def __init__(self, inputs, int_values=None):
+        self.inputs = inputs
+        self.metadata = {"fullgraph_int_values": json.dumps(int_values)} if int_values is not None else {}
+
+
 def test_recorded_specs_rebuild_the_example_inputs_or_ask_for_them():
-    assert recorded_specs("2x5x32:float32@cpu, 2x32:bfloat16@cuda", "m.pt2") == ["2x5x32:float32", "2x32:bfloat16"]
+    got = recorded_specs(Recorded("2x5x32:float32@cpu, 2x32:bfloat16@cuda"), "m.pt2")
+    assert got == ["2x5x32:float32", "2x32:bfloat16"]
+    ids = Recorded("2x16:int64@cpu, 2x16:int64@cpu, 2x4:float32@cpu", {"0": [3, 997], "1": [0, 1]})
+    assert recorded_specs(ids, "m.pt2") == ["2x16:int64:3-997", "2x16:int64:0-1", "2x4:float32"]
     for signature in ("4x8:float32@cpu, 7", ":float32@cpu", None):
         with pytest.raises(UsageError, match="--input"):
-            recorded_specs(signature, "m.pt2")
+            recorded_specs(Recorded(signature), "m.pt2")
 
 
 @pytest.mark.slow

@@ -32,6 +32,19 @@ def linears() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return Linears().eval(), (torch.randn(4, 8),)
 
 
+class Tokens(nn.Module):
+    """Token ids and token types into two tables (50 and 2 rows), as a language model's embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.words, self.types, self.out = nn.Embedding(50, 8), nn.Embedding(2, 8), nn.Linear(8, 4)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        flat = input_ids.reshape(-1)  # through a view: still the ids
+        x = self.words(flat).view(*input_ids.shape, 8) + self.types(token_type_ids)
+        return self.out(x) * scale
+
+
 def tiny_bert() -> nn.Module:
     """transformers' BertModel, one small layer (a vocabulary of 1000: the CLI draws integer inputs below it), random
     weights: its graph carries guards on Python objects' identity (ID_MATCH) that torch cannot write to a

@@ -320,7 +320,7 @@ def _load_sources(args):
     def open_package(path, specs, **options):
         loaded = deploy.load(path, **options)
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
-        return loaded, inputs_from_specs(specs or recorded_specs(loaded.inputs, os.path.basename(path)), device)
+        return loaded, inputs_from_specs(specs or recorded_specs(loaded, os.path.basename(path)), device)
 
     with progress_reporter() as say:
         yield {"sources": Sources(load_target, open_package, deploy.export, deploy.save_precompiled,

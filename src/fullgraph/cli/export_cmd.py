@@ -214,9 +214,14 @@ def _probe_text(verdict) -> str:
     return f"of which {verdict['seconds']:.1f} s loading it first in a probe process"
 
 
-def recorded_specs(signature: str | None, shown: str) -> list[str]:
-    """Input specs from the signature `export` records ("4x8:float32@cpu, 2x8:float32@cpu")."""
+def recorded_specs(loaded: Any, shown: str) -> list[str]:
+    """Input specs from the signature `export` records ("4x8:float32@cpu, 2x16:int64@cpu"), integer ones with the
+    range of values the example held ("2x16:int64:0-1"), so that random inputs index within the model's tables."""
+    from fullgraph.deploy.package import recorded
     from fullgraph.errors import UsageError
+
+    signature = loaded.inputs
+    values = recorded(loaded.metadata, "int_values", dict)
 
     if not signature:
         raise UsageError(f"{shown} does not record its inputs (not made by fullgraph export); give them with --input")
@@ -225,6 +230,9 @@ def recorded_specs(signature: str | None, shown: str) -> list[str]:
         spec, at, _ = part.rpartition("@")
         if not at or ":" not in spec or not spec.split(":")[0]:
             raise UsageError(f"{shown} was exported with inputs {signature!r}; give them with --input")
+        bounds = values.get(str(len(specs)))
+        if isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(v, int) and v >= 0 for v in bounds):
+            spec += f":{bounds[0]}-{bounds[1]}"
         specs.append(spec)
     return specs
 
@@ -252,7 +260,7 @@ def run_load(args) -> int:
         loaded = deploy.load(path, cuda_graphs=args.cuda_graphs)
         load_s = time.perf_counter() - start
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
-        x = inputs_from_specs(args.input or recorded_specs(loaded.inputs, shown), device)
+        x = inputs_from_specs(args.input or recorded_specs(loaded, shown), device)
         say(f"running it on {', '.join(x.describe())}")
         first_s, out = run_once(loaded, x)
         with torch.no_grad():

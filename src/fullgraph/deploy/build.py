@@ -169,6 +169,9 @@ def export(
         "args": json.dumps(_argument_names(model, args)),
         # pytree types of the inputs and outputs that `load` must import to rebuild them (a transformers output)
         "pytree": json.dumps(pytree_types(program.call_spec.in_spec, program.call_spec.out_spec)),
+        # integer inputs: the tables they index (checked at each call) and the values the example held
+        "index_rows": json.dumps(index_rows(program)),
+        "int_values": json.dumps(_int_values(args)),
     }
     configs = {
         **options,
@@ -241,6 +244,70 @@ def _flat_dynamic(model: torch.nn.Module, args: tuple, declared: Mapping[str, Ma
         if p in declared:
             out[str(i)] = {str(int(d) % t.ndim): r for d, r in declared[p].items()}
     return out
+
+
+# ops through which an integer input still holds the same values (reshaped, cut, copied) on its way to an index
+_SAME_VALUES = {
+    "view", "reshape", "_unsafe_view", "expand", "slice", "select", "unsqueeze", "squeeze", "clone", "contiguous",
+    "alias", "permute", "t", "flatten", "_to_copy", "to", "transpose",
+}  # fmt: skip
+
+
+def index_rows(program: Any) -> dict[str, int]:
+    """For each tensor input (by its index among them, as `input_signature` lists them) that the program uses to
+    index a table (aten.embedding's weight, index_select's or index's dim), the rows of the smallest such table: a
+    value outside them makes the package's compiled code fail a bounds check, which on the CPU aborts the whole
+    process (it throws inside an OpenMP region) and on a GPU is a device-side assert. `LoadedPackage` checks them."""
+    from torch.export.graph_signature import InputKind, TensorArgument
+
+    names = [s.arg.name for s in program.graph_signature.input_specs
+             if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument)]  # fmt: skip
+    nodes = {n.name: n for n in program.graph.nodes}
+    rows: dict[str, int] = {}
+    for i, name in enumerate(names):
+        reached, todo, found = set(), [nodes[name]], []
+        while todo:
+            node = todo.pop()
+            if node in reached:
+                continue
+            reached.add(node)
+            for user in node.users:
+                op = _aten_name(user.target)
+                if op in _SAME_VALUES:
+                    todo.append(user)
+                elif op == "embedding" and len(user.args) > 1 and user.args[1] is node:
+                    found.append(_size(user.args[0], 0))
+                elif op == "index_select" and len(user.args) > 2 and user.args[2] is node:
+                    found.append(_size(user.args[0], user.args[1]))
+                elif op == "index" and len(user.args) > 1:
+                    found += [_size(user.args[0], d) for d, x in enumerate(user.args[1]) if x is node]
+        sizes = [n for n in found if n is not None]
+        if sizes and nodes[name].meta.get("val") is not None and not nodes[name].meta["val"].is_floating_point():
+            rows[str(i)] = min(sizes)
+    return rows
+
+
+def _aten_name(target: Any) -> str:
+    """`embedding` for aten.embedding.default, "" for anything not an ATen op."""
+    parts = str(target).split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "aten" else ""
+
+
+def _size(node: Any, dim: Any) -> int | None:
+    """A node's static size along `dim`, or None (dynamic, or no shape recorded)."""
+    val = getattr(node, "meta", {}).get("val")
+    try:
+        return int(val.shape[dim])
+    except (AttributeError, IndexError, TypeError, RuntimeError):
+        return None
+
+
+def _int_values(args: tuple) -> dict[str, list[int]]:
+    """The least and greatest value of each integer tensor input (by its index among them), as the example held
+    them: `fullgraph load` and `bench load` draw random inputs from that range."""
+    tensors = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
+    return {str(i): [int(t.min()), int(t.max())] for i, t in enumerate(tensors)
+            if t.numel() and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool}  # fmt: skip
 
 
 _DOCTOR = "run `fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"

@@ -409,6 +409,7 @@ class LoadedPackage:
         model: Callable,
         custom_ops: Sequence[str] = (),
         verdict: Mapping[str, Any] | None = None,
+        check_indices: bool = True,
     ):
         self.path, self.sha256, self.metadata = path, sha256, dict(metadata)
         self.custom_ops = tuple(custom_ops)  # ops the package calls through Python ("fullgraph::rms_norm", ...)
@@ -417,6 +418,9 @@ class LoadedPackage:
         self._graphed = isinstance(model, GraphedCall)
         # the forward's parameter names of the exported inputs, to call it by keyword as the model was
         self._names = tuple(recorded(self.metadata, "args", list))
+        # the tensor inputs that index a table, by their index among the tensor inputs: {index: the table's rows}
+        rows = recorded(self.metadata, "index_rows", dict) if check_indices else {}
+        self._index_rows = {int(k): v for k, v in rows.items() if k.isdigit() and isinstance(v, int)}
         self._ooms = OomCount()
         device = torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu")
         self._cuda_index = None  # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)
@@ -433,6 +437,8 @@ class LoadedPackage:
             bind_cuda_context(self._cuda_index)  # a fresh thread: the package's driver-API launches need a context
         if kwargs:  # the package takes its inputs by position, as exported
             args, kwargs = self._by_position(args, kwargs), {}
+        if self._index_rows:
+            self._check_indices(args)
         try:
             if self._graphed:
                 with torch.no_grad():  # GraphedCall captures inference calls only; a package has no autograd anyway
@@ -449,6 +455,25 @@ class LoadedPackage:
             if unfit is None:
                 raise
             raise unfit from None
+
+    def _check_indices(self, args: tuple) -> None:
+        """A UsageError naming the input where an integer input holds a value outside the table it indexes: the
+        package's compiled code would fail a bounds check there, which aborts the process on the CPU (thrown
+        inside an OpenMP region) and is a device-side assert, fatal to the process's CUDA context, on a GPU. One
+        reduction and one device sync per such input."""
+        tensors = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
+        for i, rows in self._index_rows.items():
+            t = tensors[i] if i < len(tensors) else None
+            if t is None or not t.numel() or t.is_floating_point() or t.dtype == torch.bool:
+                continue
+            low, high = torch.stack(torch.aminmax(t)).tolist()
+            if low < 0 or high >= rows:
+                name = self._names[i] if len(self._names) == len(tensors) else f"tensor input {i}"
+                raise UsageError(
+                    f"{name} holds values {low} to {high}, and {display_path(self.path)} indexes a table of {rows} "
+                    f"rows with it (0 to {rows - 1}): outside it the package's compiled code would abort this "
+                    "process; check the inputs (token ids past the vocabulary, another tokenizer's ids?)"
+                )
 
     def _by_position(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         """`args` and `kwargs` as the positional inputs the package was exported with, matched by the forward's
@@ -508,6 +533,7 @@ def load(
     cuda_graphs: bool = False,
     runners: int = 1,
     serial: bool = False,
+    check_indices: bool = True,
 ) -> LoadedPackage:
     """Load an AOTInductor package as a callable, without risking this process.
 
@@ -525,6 +551,10 @@ def load(
     not wait for the previous call's kernels (`open_package`); each costs one more activation arena, not weights.
     `serial=True` (without cuda_graphs) runs one instance single-threaded behind the package's own lock instead
     (`SerialCall`): no event bookkeeping per call, and no call waits inside the runtime for the previous one.
+    `check_indices` (the default) checks, before each call, the integer inputs that the package uses to index a
+    table (token ids into an embedding, as `export` records): a value outside the table is a UsageError naming the
+    input, where the compiled code would abort the process (CPU) or its CUDA context (GPU). It costs one reduction
+    and one device sync per such input; a package with none pays nothing.
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
@@ -567,4 +597,4 @@ def load(
         model = GraphedCall(model, name=os.path.basename(path))
     elif serial:
         model = SerialCall(model)
-    return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict)
+    return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict, check_indices=check_indices)
