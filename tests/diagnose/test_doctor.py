@@ -97,6 +97,30 @@ def test_a_compiled_function_with_a_float_is_examined_as_the_function():
     assert any("function" in n for n in r.notes)
 
 
+class Quantize(torch.nn.Module):
+    """Integer outputs (codes, as token ids or labels are): bf16's coarser inputs change some of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return (self.lin(x) * 100).round().long()
+
+
+def test_integer_outputs_are_judged_by_the_share_that_match_not_an_infinite_error():
+    r = doc.doctor(Quantize(), (torch.randn(8, 64),), modes=["eager"], dtypes=[torch.float32, torch.bfloat16],
+                   reps=3, profile=False)  # fmt: skip
+    by = {c.name: c for c in r.configs}
+    fp32, bf16 = by["eager fp32"], by["eager bf16"]
+    assert fp32.matched == 1.0 and fp32.ok and fp32.check == "100.0% matched"
+    assert 0.0 < bf16.matched < 1.0 and not bf16.ok and bf16.matched_min == 1.0  # some codes moved, most did not
+    assert bf16.check == f"{bf16.matched:.1%} matched" and bf16.outcome.endswith("matched, over tolerance")
+    text = format_summary(r)
+    assert f"{bf16.matched:.1%} matched" in text and " inf" not in text
+    assert Report.from_json(r.to_json()).configs[1].matched == bf16.matched  # the JSON keeps it
+
+
 def test_budget_skips_the_slowest_and_says_so():
     r = doc.doctor(models.Clean(), (torch.randn(4, 16),), modes=["eager", "default"], budget=1.0, reps=3)
     assert any("--budget" in n for n in r.notes)

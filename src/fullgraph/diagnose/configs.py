@@ -98,6 +98,21 @@ def rel_err(out: Any, ref: Any) -> float:
     return err if err == err else float("inf")  # NaN never passes
 
 
+def integer_match(out: Any, ref: Any) -> float | None:
+    """Outputs made of integers only (token ids, labels, masks): the fraction of their elements equal to the
+    reference's, 0.0 where they do not line up; None for outputs with a floating tensor (judged by `rel_err`),
+    where the relative error could only say 0 or inf."""
+    outs, refs = flat_tensors(out), flat_tensors(ref)
+    if not refs or any(r.is_floating_point() or r.is_complex() for r in refs):
+        return None
+    total = sum(r.numel() for r in refs)
+    if not total:
+        return None
+    if len(outs) != len(refs) or any(o.shape != r.shape for o, r in zip(outs, refs, strict=True)):
+        return 0.0
+    return sum(int((o.to(r.device) == r).sum()) for o, r in zip(outs, refs, strict=True)) / total
+
+
 @dataclass
 class Candidate:
     """One configuration being measured: its callable, inputs and what was measured so far."""
@@ -114,6 +129,7 @@ class Candidate:
     peak: int | None = None
     err: float | None = None
     matched: float | None = None  # detection outputs: fraction of detections matched (diagnose.detections)
+    matched_min: float | None = None  # what `matched` must reach where not the detections' (integer outputs: all)
     error: str | None = None
     samples: list[float] = field(default_factory=list)
     round_medians: list[float] = field(default_factory=list)
@@ -156,7 +172,8 @@ class Candidate:
             rel_err=self.err, tolerance=tol, rounds=len(self.round_medians), spread=self.spread(), noisy=noisy,
             round_ms=list(self.round_medians), ops=dict(self.ops), matched=self.matched,
             rewrites=dict(self.rewrites), rewrites_off=self.rewrites_off,
-            matched_min=None if self.matched is None else MATCHED_MIN.get(self.dtype, 0.95), fixes=list(self.fixes),
+            matched_min=None if self.matched is None else self.matched_min or MATCHED_MIN.get(self.dtype, 0.95),
+            fixes=list(self.fixes),
         )  # fmt: skip
 
 
@@ -187,6 +204,8 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
             c.err = rel_err(out, ref)
             # A list of detections is judged by matched detections: a reorder of near-tied scores is not an error.
             c.matched = matched_fraction(out, ref, IOU_MIN.get(c.dtype, 0.8), TOLERANCE.get(c.dtype, 1e-3))
+            if c.matched is None and (same := integer_match(out, ref)) is not None:
+                c.matched, c.matched_min = same, 1.0  # token ids, labels: equal or not, element by element
             c.peak = peak_memory(lambda: x.call(fn), device)
 
         def call() -> Any:  # inference, whoever calls it: under grad mode a compiled row would compile again

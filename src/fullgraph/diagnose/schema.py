@@ -112,7 +112,8 @@ class ConfigResult:
     rewrites: dict[str, int] = field(default_factory=dict)  # graph rewrites fullgraph.compile applied: name -> places
     rewrites_off: bool = False  # built with rewrites=[]: plain torch.compile's graph (the twin of a rewrite row)
     # Detection-list outputs (diagnose.detections): the fraction of detections matched against eager fp32, and the
-    # fraction the row must reach; None for other outputs, judged by rel_err alone.
+    # fraction the row must reach; integer-only outputs (token ids, labels): the fraction of elements equal to eager
+    # fp32's, all of which must be; None for other outputs, judged by rel_err alone.
     matched: float | None = None
     matched_min: float | None = None
     fixes: list[str] = field(default_factory=list)  # our fixes the row ran with (--with); never recommended
