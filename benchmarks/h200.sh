@@ -2,7 +2,8 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load zoo fleet sweep gemm-gelu
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-serial zoo fleet
+#   sweep gemm-gelu
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -123,7 +124,7 @@ for step in $steps; do
       $py benchmarks/vit_probe.py --tma --policies ${VIT_TMA_ARGS:-} --csv "$OUT/vit_tma_h200.csv" 2>&1 | tee "$OUT/vit_tma.txt" | tail -20
       ;;
     load)  # issue 31: each callable from 1, 4 and 16 threads, warm and cold; any wrong output or exception fails a run
-      # LOAD_MODELS (of benchmarks/targets/serve.py), LOAD_CALLABLES (compiled bucketed precompiled package
+      # LOAD_MODELS (of benchmarks/targets/serve.py), LOAD_CALLABLES (compiled bucketed precompiled package serial
       # package-cuda-graphs), LOAD_STARTS (warm cold), LOAD_SECONDS (10) and LOAD_THREADS (1,4,16) warm,
       # LOAD_COLD_SECONDS (3) and LOAD_COLD_THREADS (4,16) cold. Each package is exported once into LOAD_PACKAGES
       # (out/load-packages: outside $OUT, kept while the machine stays warm) and serves both starts, with and without
@@ -135,9 +136,9 @@ for step in $steps; do
       failed=()
       for model in ${LOAD_MODELS:-vit_s16_b4 vit_b16_b64 dit_b_1024}; do
         target=benchmarks/targets/serve.py:$model pkg=$pkgs/$model.pt2
-        kinds=$(for k in compiled bucketed precompiled package locked; do [[ $wanted == *" $k "* ]] && printf %s, $k; done)
+        kinds=$(for k in compiled bucketed precompiled package serial locked; do [[ $wanted == *" $k "* ]] && printf %s, $k; done)
         kinds=${kinds%,}
-        if [[ $wanted == *" package"* && ! -s $pkg ]]; then
+        if [[ $wanted == *" package"* || $wanted == *" serial "* ]] && [ ! -s "$pkg" ]; then
           echo "--- $model: export $(date -u +%H:%M:%S)" | tee -a "$OUT/load_h200.txt"
           $py -m fullgraph export "$target" --preset perception --no-check -o "$pkg" 2>&1 | tee -a "$OUT/load_h200.txt" | tail -3
         fi
@@ -145,7 +146,7 @@ for step in $steps; do
           if [ "$start" = cold ]; then timing="--cold --threads ${LOAD_COLD_THREADS:-4,16} --seconds ${LOAD_COLD_SECONDS:-3}"
           else timing="--threads ${LOAD_THREADS:-1,4,16} --seconds ${LOAD_SECONDS:-10}"; fi
           runs=()  # each: TARGET and its flags
-          [ -n "$kinds" ] && runs+=("$target --callable $kinds$([[ $kinds == *package* ]] && echo " --package $pkg")")
+          [ -n "$kinds" ] && runs+=("$target --callable $kinds$([[ $kinds == *package* || $kinds == *serial* ]] && echo " --package $pkg")")
           [[ $wanted == *" package-cuda-graphs "* ]] && runs+=("$pkg --cuda-graphs")
           for r in "${runs[@]}"; do
             echo "--- $model $start: $r $(date -u +%H:%M:%S)" | tee -a "$OUT/load_h200.txt"
@@ -156,6 +157,20 @@ for step in $steps; do
         done
       done
       echo "load: ${#failed[@]} failed run(s)"; for f in "${failed[@]}"; do echo "  FAILED $f"; done
+      ;;
+    dit-serial)  # issue 31: the uncaptured DiT package from 1, 4 and 16 threads, pooled runtime against serial=True
+      # (one instance single-threaded behind the package's lock), in both orders, 20 s a point (~7 min with the export);
+      # then the package tests that cover serial and threads. Writes $OUT/dit_serial_h200.{csv,txt}.
+      pkg=${LOAD_PACKAGES:-out/load-packages}/dit_b_1024.pt2
+      mkdir -p "$(dirname "$pkg")"
+      [ -s "$pkg" ] || $py -m fullgraph export benchmarks/targets/serve.py:dit_b_1024 --preset perception --no-check \
+        -o "$pkg" 2>&1 | tail -2
+      for order in package,serial serial,package; do
+        $py -m fullgraph bench load "$pkg" --callable $order --threads 1,4,16 --seconds "${DIT_SERIAL_SECONDS:-20}" \
+          --csv "$OUT/dit_serial_h200.csv" 2>&1 | tee -a "$OUT/dit_serial_h200.txt" | grep -v '^\[' | tail -9
+      done
+      PYTHONPATH="$PWD/src:$PWD" $py -m pytest -p no:cacheprovider -q tests/deploy/test_package.py -k "serial or thread" \
+        2>&1 | tail -3
       ;;
     zoo)  # issue 33: timm, transformers and torchvision models, eager / plain torch.compile / plain again /
       # fullgraph.compile with its rewrites, two batches each, both modes (docs/zoo.md). One device call runs at most
