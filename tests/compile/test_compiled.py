@@ -356,3 +356,39 @@ def test_stats_still_count_after_dynamos_counters_are_cleared():
     cm(torch.randn(5, 8))
     s = cm.stats
     assert (s.calls, s.frames_compiled) == (3, 2) and len(s.recompiles) == 1
+
+
+class Decoder(nn.Module):
+    """A model with its own decoding loop that calls itself, as transformers' generate does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.steps = 3
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+    def generate(self, x):
+        for _ in range(self.steps):
+            x = self(x)
+        return x
+
+
+def test_generate_through_a_compiled_model_says_once_that_it_runs_uncompiled():
+    model = Decoder().eval()
+    cm = fullgraph.compile(model, "dev")
+    x = torch.randn(2, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cm.steps == 3  # other attributes: silent
+        with torch.no_grad():
+            out = cm.generate(x)
+            again = cm.generate(x)
+    said = [w for w in caught if issubclass(w.category, fullgraph.compile.UncompiledCallWarning)]
+    assert len(said) == 1 and "Decoder.generate through fullgraph.compile" in str(said[0].message)
+    assert "whose calls of the model run the uncompiled forward" in str(said[0].message)
+    assert said[0].filename == __file__  # pointed at the caller's line
+    with torch.no_grad():
+        torch.testing.assert_close(out, model.generate(x))
+    assert torch.equal(out, again) and cm.stats.graphs == 0  # nothing compiled: the loop ran the module itself

@@ -22,6 +22,7 @@ _NAMES = {
     "CompiledModel": "compiled",
     "CompileFallbackWarning": "compiled",
     "StrictRecompileError": "compiled",
+    "UncompiledCallWarning": "compiled",
     "compile": "compiled",
     "Bucketed": "dynamic",
     "declare_dynamic": "dynamic",
@@ -56,6 +57,7 @@ __all__ = [
     "Recompile",
     "Resolved",
     "StrictRecompileError",
+    "UncompiledCallWarning",
     "apply_plan",
     "check_plan",
     "compile",
@@ -87,7 +89,13 @@ class _CallablePackage(types.ModuleType):
 sys.modules[__name__].__class__ = _CallablePackage
 
 if TYPE_CHECKING:  # what type checkers and IDEs read; nothing here runs
-    from fullgraph.compile.compiled import CompiledModel, CompileFallbackWarning, StrictRecompileError, compile
+    from fullgraph.compile.compiled import (
+        CompiledModel,
+        CompileFallbackWarning,
+        StrictRecompileError,
+        UncompiledCallWarning,
+        compile,
+    )
     from fullgraph.compile.dynamic import Bucketed, declare_dynamic
     from fullgraph.compile.graphs import CudaGraphSkipWarning, GraphedCall
     from fullgraph.compile.options import Resolved, resolve

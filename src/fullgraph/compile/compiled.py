@@ -73,6 +73,20 @@ class CompileFallbackWarning(UserWarning):
     """A model failed to compile and runs eagerly from now on (on_error="eager")."""
 
 
+class UncompiledCallWarning(UserWarning):
+    """A method reached through a CompiledModel runs the original module's uncompiled forward (`cm.generate`)."""
+
+
+# Methods that call the model's forward themselves, so that reaching them through a CompiledModel runs no compiled
+# code: said once per model, since a user calling them expects the compile to apply.
+_RUN_UNCOMPILED = {
+    "generate": "it is the module's own method, whose calls of the model run the uncompiled forward (as through "
+    "torch.compile(model)); to compile the decoding steps, call the compiled model in your own loop (a KV cache "
+    "compiles twice: its first use, then its length made dynamic), or compile the module's forward: "
+    "model.forward = torch.compile(model.forward)",
+}
+
+
 class StrictRecompileError(FullgraphError, RuntimeError):
     """A compile after warm-up under strict_recompiles=True."""
 
@@ -91,7 +105,8 @@ class CompiledModel(nn.Module):
     """`model` compiled with one resolved configuration; behaves like `model`.
 
     - Attribute reads fall through to the model (`cm.num_classes`); setting one the model has sets it there.
-      Methods reached that way (`cm.generate(...)`) run the original module, not the compiled call.
+      Methods reached that way (`cm.generate(...)`) run the original module, not the compiled call; for `generate`
+      an `UncompiledCallWarning` says so, once.
     - `state_dict()` / `load_state_dict()` are the model's own, with its keys. `.to()`, `.cuda()`, `.half()` move or
       cast the model: the next call compiles again (a recompile Dynamo's guards ask for) and the input checks
       start over. Parameters and submodules also appear under `_orig_mod.`, as with `torch.compile`.
@@ -306,7 +321,12 @@ class CompiledModel(nn.Module):
             model = self.__dict__.get("_modules", {}).get("_orig_mod")
             if model is None:
                 raise
-            return getattr(model, name)
+            value = getattr(model, name)
+            if name in _RUN_UNCOMPILED and not self.__dict__.get(f"_said_{name}"):
+                self.__dict__[f"_said_{name}"] = True
+                warnings.warn(f"{type(model).__name__}.{name} through fullgraph.compile: {_RUN_UNCOMPILED[name]}",
+                              UncompiledCallWarning, stacklevel=2)  # fmt: skip
+            return value
 
     def __setattr__(self, name: str, value: Any) -> None:
         model = self.__dict__.get("_modules", {}).get("_orig_mod")
