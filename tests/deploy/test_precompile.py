@@ -313,3 +313,32 @@ def test_what_cannot_be_precompiled_says_why_and_which_route_remains(tmp_path):
     assert f"torch {torch.__version__} cannot save BertModel's compiled code" in said and "guard" in said
     assert "AOT package (fullgraph.deploy.export)" in said and "fullgraph doctor" not in said
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+@needs_api
+def test_a_triton_kernel_defined_inside_a_function_stops_the_save_by_name(tmp_path):
+    # torch saves every kernel of the process's side table as (module, name) and its loader imports them back: a
+    # kernel built inside a function made the file unloadable ("module has no attribute"; H200, gemm_gelu, 2.11)
+    triton = pytest.importorskip("triton")
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    def build():
+        @triton.jit
+        def scale_rows(x_ptr):
+            pass
+
+        return scale_rows
+
+    local = build()
+    idx = kernel_side_table.add_kernel(local)
+    try:
+        with pytest.raises(pre.NotPrecompilable, match=r"finds nothing for tests\.deploy\.test_precompile\."
+                           r"test_a_triton_kernel_defined_inside_a_function_stops_the_save_by_name\.<locals>\."
+                           r"build\.<locals>\.scale_rows \(defined inside a function"):  # fmt: skip
+            pre.save_precompiled(Linears().eval(), (torch.randn(2, 8),), tmp_path / "m.fgpre")
+        assert not list(tmp_path.iterdir())
+    finally:  # the side table is the process's: later tests must not inherit the entry
+        kernel_side_table.id_to_kernel.pop(idx, None)
+        kernel_side_table.kernel_to_id.pop(local, None)
+    meta = pre.save_precompiled(Linears().eval(), (torch.randn(2, 8),), tmp_path / "m.fgpre")  # module-level: fine
+    assert meta.model.endswith("Linears")

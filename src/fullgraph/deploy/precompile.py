@@ -47,6 +47,7 @@ import os
 import platform
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -214,6 +215,15 @@ def save_precompiled(
             f"could not precompile {type(model).__name__} in one graph: {first_line(e)}; run "
             "`fullgraph doctor TARGET` on the model: it shows each graph break with its source line and fix"
         ) from e
+    unfindable = _kernels_not_found_by_name()
+    if unfindable:
+        raise NotPrecompilable(
+            f"cannot precompile {type(model).__name__} in this process: torch {torch.__version__} saves every Triton "
+            "kernel the process has traced as its module and name, and loads it by importing that module and "
+            f"reading that name, which finds nothing for {', '.join(unfindable)} (defined inside a function or the "
+            "main script, or bound to another name): define those kernels at module level of an importable module, "
+            "under their own names, or precompile in a process that never traced them"
+        )
     payload = _serialize(compiled, os.fspath(path))
     meta = PrecompiledMeta(
         **_here(),
@@ -229,6 +239,26 @@ def save_precompiled(
     header = json.dumps(asdict(meta), sort_keys=True).encode() + b"\n"
     write_private(path, (MAGIC, header, payload))
     return meta
+
+
+def _kernels_not_found_by_name() -> list[str]:
+    """The Triton kernels of the process's side table (every user kernel Dynamo traced, this model's or not) that
+    torch's loader could not find again: it imports each one's module and reads its name, so a kernel defined
+    inside a function makes every file precompiled in this process unloadable ("module has no attribute")."""
+    try:
+        from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    except ImportError:
+        return []
+    missing = []
+    for kernel in list(kernel_side_table.id_to_kernel.values()):
+        fn = getattr(kernel, "fn", None)
+        module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+        found = getattr(sys.modules.get(module or ""), name or "", None)
+        if module == "__main__":  # another process's main script is another module
+            found = None
+        if found is None or not (found is kernel or found is fn or getattr(found, "fn", None) is fn):
+            missing.append(f"{module}.{getattr(fn, '__qualname__', name)}")
+    return missing
 
 
 def _replays_graphs(mode: str | None, options: Mapping[str, Any] | None) -> bool:
