@@ -260,13 +260,19 @@ def run_load(args) -> int:
         loaded = deploy.load(path, cuda_graphs=args.cuda_graphs)
         load_s = time.perf_counter() - start
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
-        x = inputs_from_specs(args.input or recorded_specs(loaded, shown), device)
+        specs = args.input or recorded_specs(loaded, shown)
+        x = inputs_from_specs(specs, device)
         say(f"running it on {', '.join(x.describe())}")
         first_s, out = run_once(loaded, x)
         with torch.no_grad():
             steady = measure(lambda: x.call(loaded), device=device, warmup=2, reps=args.reps)
     print(f"loaded {shown} in {load_s:.2f} s ({_probe_text(loaded.verdict)})")
-    print(f"inputs {', '.join(x.describe())}" + ("" if args.input else " (shaped as exported, random values)"))
+    if args.input:
+        print(f"inputs {', '.join(x.describe())}")
+    else:  # the recorded specs: integers carry the range of values the example held (LOW-HIGH)
+        ranged = any(spec.count(":") == 2 for spec in specs)
+        print(f"inputs {', '.join(specs)} (shaped as exported, random values"
+              + (", integers within the example's range)" if ranged else ")"))  # fmt: skip
     print(f"first call {first_s * 1e3:.2f} ms, then {steady.median_ms:.3f} ms (median of {args.reps})")
     print(f"output {deploy.input_signature(out)}")
     return 0
