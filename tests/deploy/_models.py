@@ -45,6 +45,17 @@ class Tokens(nn.Module):
         return self.out(x) * scale
 
 
+class Gather(nn.Module):
+    """Advanced indexing with an index tensor, which wraps negative indices as Python does."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table[idx] * 2
+
+
 def tiny_bert() -> nn.Module:
     """transformers' BertModel, one small layer (a vocabulary of 1000: the CLI draws integer inputs below it), random
     weights: its graph carries guards on Python objects' identity (ID_MATCH) that torch cannot write to a

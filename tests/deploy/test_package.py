@@ -516,23 +516,38 @@ def test_token_ids_past_a_table_are_refused_by_name_instead_of_aborting_the_proc
     path = export(model, (ids, types, scale), tmp_path / "tokens.pt2")
     loaded = load(path, probe_first=False)
     meta = loaded.metadata
-    assert json.loads(meta["fullgraph_index_rows"]) == {"0": 50, "1": 2}  # the float input indexes nothing
+    assert json.loads(meta["fullgraph_index_ranges"]) == {"0": [0, 49], "1": [0, 1]}  # the float one indexes nothing
     assert json.loads(meta["fullgraph_int_values"]) == {"0": [int(ids.min()), int(ids.max())], "1": [0, 0]}
     types_past = torch.tensor([[0, 1, 5, 0, 1, 0], [1, 1, 0, 0, 0, 1]])
-    with pytest.raises(UsageError, match=r"token_type_ids holds values 0 to 5, and \S*tokens.pt2 indexes a table of "
-                                         r"2 rows with it \(0 to 1\): outside it the package's compiled code would "
+    with pytest.raises(UsageError, match=r"token_type_ids holds values 0 to 5, and \S*tokens.pt2 indexes a table "
+                                         r"with it that takes 0 to 1: outside it the package's compiled code would "
                                          r"abort this process"):  # fmt: skip
         loaded(ids, types_past, scale)
-    with pytest.raises(UsageError, match=r"input_ids holds values -1 to 10, .* table of 50 rows with it \(0 to 49\)"):
+    with pytest.raises(UsageError, match=r"input_ids holds values -1 to 10, .* a table with it that takes 0 to 49"):
         loaded(torch.arange(-1, 11).view(2, 6), types, scale)
     good = torch.randint(0, 50, (2, 6)), torch.randint(0, 2, (2, 6)), scale
     with torch.no_grad():
         torch.testing.assert_close(loaded(*good), model(*good))  # the process is alive, and in-range calls run
-    assert load(path, probe_first=False, check_indices=False)._index_rows == {}
+    assert load(path, probe_first=False, check_indices=False)._index_ranges == {}
     # `fullgraph load` draws its random ids from the example's values, so its own inputs stay inside the tables
     done = subprocess.run([sys.executable, "-m", "fullgraph", "load", str(path), "--reps", "2"],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-1500:]
+
+
+@pytest.mark.slow
+def test_advanced_indexing_takes_negative_indices_as_python_does(tmp_path):
+    from tests.deploy._models import Gather
+
+    model = Gather().eval()
+    path = export(model, (torch.tensor([0, 4, 2]),), tmp_path / "gather.pt2")
+    loaded = load(path, probe_first=False)
+    assert json.loads(loaded.metadata["fullgraph_index_ranges"]) == {"0": [-5, 4]}
+    wrapped = torch.tensor([-5, -1, 3])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(wrapped), model(wrapped))  # -1 is the last row, in eager and here
+    with pytest.raises(UsageError, match=r"idx holds values -6 to 1, .* takes -5 to 4"):
+        loaded(torch.tensor([-6, 0, 1]))
 
 
 def test_two_processes_updating_one_memo_keep_every_entry(tmp_path):

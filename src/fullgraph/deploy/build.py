@@ -170,7 +170,7 @@ def export(
         # pytree types of the inputs and outputs that `load` must import to rebuild them (a transformers output)
         "pytree": json.dumps(pytree_types(program.call_spec.in_spec, program.call_spec.out_spec)),
         # integer inputs: the tables they index (checked at each call) and the values the example held
-        "index_rows": json.dumps(index_rows(program)),
+        "index_ranges": json.dumps(index_ranges(program)),
         "int_values": json.dumps(_int_values(args)),
     }
     configs = {
@@ -253,19 +253,21 @@ _SAME_VALUES = {
 }  # fmt: skip
 
 
-def index_rows(program: Any) -> dict[str, int]:
+def index_ranges(program: Any) -> dict[str, list[int]]:
     """For each tensor input (by its index among them, as `input_signature` lists them) that the program uses to
-    index a table (aten.embedding's weight, index_select's or index's dim), the rows of the smallest such table: a
-    value outside them makes the package's compiled code fail a bounds check, which on the CPU aborts the whole
-    process (it throws inside an OpenMP region) and on a GPU is a device-side assert. `LoadedPackage` checks them."""
+    index a table, the values it may hold, both ends included: 0 to rows - 1 for aten.embedding's weight and
+    index_select's dim, -rows to rows - 1 for advanced indexing (aten.index, which wraps negative indices), the
+    narrowest where several tables are indexed. A value outside makes the package's compiled code fail a bounds
+    check, which on the CPU aborts the whole process (it throws inside an OpenMP region) and on a GPU is a
+    device-side assert. `LoadedPackage` checks them."""
     from torch.export.graph_signature import InputKind, TensorArgument
 
     names = [s.arg.name for s in program.graph_signature.input_specs
              if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument)]  # fmt: skip
     nodes = {n.name: n for n in program.graph.nodes}
-    rows: dict[str, int] = {}
+    ranges: dict[str, list[int]] = {}
     for i, name in enumerate(names):
-        reached, todo, found = set(), [nodes[name]], []
+        reached, todo, found = set(), [nodes[name]], []  # found: (rows, negatives wrap)
         while todo:
             node = todo.pop()
             if node in reached:
@@ -276,15 +278,16 @@ def index_rows(program: Any) -> dict[str, int]:
                 if op in _SAME_VALUES:
                     todo.append(user)
                 elif op == "embedding" and len(user.args) > 1 and user.args[1] is node:
-                    found.append(_size(user.args[0], 0))
+                    found.append((_size(user.args[0], 0), False))
                 elif op == "index_select" and len(user.args) > 2 and user.args[2] is node:
-                    found.append(_size(user.args[0], user.args[1]))
+                    found.append((_size(user.args[0], user.args[1]), False))
                 elif op == "index" and len(user.args) > 1:
-                    found += [_size(user.args[0], d) for d, x in enumerate(user.args[1]) if x is node]
-        sizes = [n for n in found if n is not None]
-        if sizes and nodes[name].meta.get("val") is not None and not nodes[name].meta["val"].is_floating_point():
-            rows[str(i)] = min(sizes)
-    return rows
+                    found += [(_size(user.args[0], d), True) for d, x in enumerate(user.args[1]) if x is node]
+        bounds = [(-rows if wraps else 0, rows - 1) for rows, wraps in found if rows is not None]
+        val = nodes[name].meta.get("val")
+        if bounds and val is not None and not val.is_floating_point():
+            ranges[str(i)] = [max(lo for lo, _ in bounds), min(hi for _, hi in bounds)]
+    return ranges
 
 
 def _aten_name(target: Any) -> str:

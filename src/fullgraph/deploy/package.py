@@ -418,9 +418,12 @@ class LoadedPackage:
         self._graphed = isinstance(model, GraphedCall)
         # the forward's parameter names of the exported inputs, to call it by keyword as the model was
         self._names = tuple(recorded(self.metadata, "args", list))
-        # the tensor inputs that index a table, by their index among the tensor inputs: {index: the table's rows}
-        rows = recorded(self.metadata, "index_rows", dict) if check_indices else {}
-        self._index_rows = {int(k): v for k, v in rows.items() if k.isdigit() and isinstance(v, int)}
+        # the tensor inputs that index a table, by their index among the tensor inputs: {index: (lowest, highest)}
+        ranges = recorded(self.metadata, "index_ranges", dict) if check_indices else {}
+        self._index_ranges = {
+            int(k): (v[0], v[1]) for k, v in ranges.items()
+            if k.isdigit() and isinstance(v, list) and len(v) == 2 and all(isinstance(b, int) for b in v)
+        }  # fmt: skip
         self._ooms = OomCount()
         device = torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu")
         self._cuda_index = None  # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)
@@ -437,7 +440,7 @@ class LoadedPackage:
             bind_cuda_context(self._cuda_index)  # a fresh thread: the package's driver-API launches need a context
         if kwargs:  # the package takes its inputs by position, as exported
             args, kwargs = self._by_position(args, kwargs), {}
-        if self._index_rows:
+        if self._index_ranges:
             self._check_indices(args)
         try:
             if self._graphed:
@@ -462,16 +465,16 @@ class LoadedPackage:
         inside an OpenMP region) and is a device-side assert, fatal to the process's CUDA context, on a GPU. One
         reduction and one device sync per such input."""
         tensors = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
-        for i, rows in self._index_rows.items():
+        for i, (lowest, highest) in self._index_ranges.items():
             t = tensors[i] if i < len(tensors) else None
             if t is None or not t.numel() or t.is_floating_point() or t.dtype == torch.bool:
                 continue
             low, high = torch.stack(torch.aminmax(t)).tolist()
-            if low < 0 or high >= rows:
+            if low < lowest or high > highest:
                 name = self._names[i] if len(self._names) == len(tensors) else f"tensor input {i}"
                 raise UsageError(
-                    f"{name} holds values {low} to {high}, and {display_path(self.path)} indexes a table of {rows} "
-                    f"rows with it (0 to {rows - 1}): outside it the package's compiled code would abort this "
+                    f"{name} holds values {low} to {high}, and {display_path(self.path)} indexes a table with it "
+                    f"that takes {lowest} to {highest}: outside it the package's compiled code would abort this "
                     "process; check the inputs (token ids past the vocabulary, another tokenizer's ids?)"
                 )
 
