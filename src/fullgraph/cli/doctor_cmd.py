@@ -83,8 +83,7 @@ def run(args) -> int:
     from fullgraph.diagnose.fixes import applied, check_with, for_failure
     from fullgraph.diagnose.summary import print_summary
     from fullgraph.diagnose.target import eager_failure, load_target, parse_dtype
-    from fullgraph.env import first_line
-    from fullgraph.errors import FullgraphError, UsageError
+    from fullgraph.errors import UsageError
     from fullgraph.timing import resolve_device
 
     device = resolve_device(args.device)
@@ -112,10 +111,8 @@ def run(args) -> int:
                 example.cast(dtype).call(build(model, "eager", dtype))
             except Exception as e:
                 names = for_failure(str(e))
-                if not names:
-                    raise eager_failure(e, example) from e
-                raise FullgraphError(f"the model fails in eager mode: {first_line(e, 300)}; --with "
-                                     f"{','.join(names)} measures it with our fix") from e  # fmt: skip
+                hint = f"; --with {','.join(names)} measures it with our fix" if names else ""
+                raise eager_failure(e, example, hint) from e
         report = doctor(
             model, example.args, example.kwargs, target=target, modes=modes or None, dtypes=dtypes, vary=vary,
             reps=args.reps, budget=args.budget, threads=args.threads, profile=args.profile, progress=say,

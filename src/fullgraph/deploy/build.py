@@ -267,6 +267,9 @@ def index_ranges(program: Any) -> dict[str, list[int]]:
     nodes = {n.name: n for n in program.graph.nodes}
     ranges: dict[str, list[int]] = {}
     for i, name in enumerate(names):
+        val = nodes[name].meta.get("val")
+        if val is None or val.is_floating_point():  # only integers index
+            continue
         reached, todo, found = set(), [nodes[name]], []  # found: (rows, negatives wrap)
         while todo:
             node = todo.pop()
@@ -284,8 +287,7 @@ def index_ranges(program: Any) -> dict[str, list[int]]:
                 elif op == "index" and len(user.args) > 1:
                     found += [(_size(user.args[0], d), True) for d, x in enumerate(user.args[1]) if x is node]
         bounds = [(-rows if wraps else 0, rows - 1) for rows, wraps in found if rows is not None]
-        val = nodes[name].meta.get("val")
-        if bounds and val is not None and not val.is_floating_point():
+        if bounds:
             ranges[str(i)] = [max(lo for lo, _ in bounds), min(hi for _, hi in bounds)]
     return ranges
 

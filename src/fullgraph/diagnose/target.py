@@ -79,12 +79,12 @@ def make_input(spec: str, device: torch.device) -> torch.Tensor:
     return torch.randint(low, high + 1, shape, dtype=dtype, device=device)
 
 
-def eager_failure(e: Exception, example: Example) -> FullgraphError:
-    """The one-line error for a model that fails in eager mode on inputs made from specs; where an index went out of
-    range and some inputs are integers, how to bound what they are drawn from."""
-    hint = ""
+def eager_failure(e: Exception, example: Example, hint: str = "") -> FullgraphError:
+    """The one-line error for a model that fails in eager mode on inputs made from specs, ending with `hint` where
+    the caller has one; else, where an index went out of range and some inputs are integers, how to bound what
+    they are drawn from."""
     text = str(e)
-    if isinstance(e, IndexError) or "index out of range" in text or "out of bounds" in text:
+    if not hint and (isinstance(e, IndexError) or "index out of range" in text or "out of bounds" in text):
         integers = [t for t in example.tensors() if not t.is_floating_point() and t.dtype != torch.bool]
         if integers:
             hint = (f"; integer inputs are drawn from {INT_VALUES[0]}-{INT_VALUES[1]} unless their spec gives a "

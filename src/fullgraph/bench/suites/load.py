@@ -238,10 +238,12 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         sources.progress(f"precompiling {type(model).__name__} ({plan.mode or 'default'} mode)")
         sources.save_precompiled(model, x[0], path, mode=plan.mode)
         return lambda: sources.load_precompiled(path, model)
-    path = plan.package or os.path.join(work, "model.pt2")
-    if not os.path.exists(path):  # exported once for package and serial
-        sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
-        path = sources.export(model, x[0], path, preset=plan.preset)
+    path = plan.package
+    if path is None:  # exported here once, for package and serial alike
+        path = os.path.join(work, "model.pt2")
+        if not os.path.exists(path):
+            sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
+            path = sources.export(model, x[0], path, preset=plan.preset)
     serial = {"serial": True} if kind == "serial" else {}
     return lambda: sources.open_package(path, (), **plan.package_options, **serial)[0]
 
