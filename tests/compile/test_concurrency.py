@@ -396,6 +396,99 @@ def test_the_guard_points_the_threads_graph_tree_state_at_its_own_and_back():
     assert trees.local.tree_manager_containers is mine
 
 
+def test_an_owner_thread_runs_every_call_on_one_thread_and_hands_each_caller_its_own_result():
+    torch.manual_seed(9)
+    model = Net().eval()
+    ran_on, inside, most = set(), [0], [0]
+
+    def call(x):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        ran_on.add(threading.get_ident())
+        time.sleep(0.0005)  # lets other callers in, were the calls not queued
+        try:
+            if float(x[0, 0]) > 1e6:
+                raise ValueError(f"bad input {float(x[0, 0]):g}")
+            return model(x) if torch.is_grad_enabled() else model(x).detach()  # grad mode: the caller's
+        finally:
+            inside[0] -= 1
+
+    owner = serving.OwnerThread(call, name="test-owner")
+    inputs = [torch.randn(3, 24) for _ in range(THREADS)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    results, errors = hammer(owner, inputs, rounds=10)
+    assert not errors and len(results) == THREADS * 10
+    assert wrong(results, expected) == 0
+    assert most[0] == 1 and len(ran_on) == 1 and threading.get_ident() not in ran_on
+    assert owner(inputs[0]).requires_grad  # called with grad enabled here: so it ran there
+    with torch.no_grad():
+        assert not owner(inputs[0]).requires_grad
+    bad = torch.full((3, 24), 2e6)
+    with pytest.raises(ValueError, match="bad input 2e"):  # the owner's exception, raised in its caller
+        owner(bad)
+    assert torch.allclose(owner(inputs[1]), expected[1])  # and the owner lives on
+    assert len(ran_on) == 1
+
+
+def test_an_owner_thread_whose_start_fails_fails_every_call_in_its_caller():
+    def start():
+        raise RuntimeError("no context on this device")
+
+    owner = serving.OwnerThread(lambda x: x + 1, on_start=start)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no context on this device"):
+            owner(torch.zeros(1))
+
+
+def test_an_owner_thread_ends_when_its_callable_is_collected():
+    import gc
+    import weakref
+
+    owner = serving.OwnerThread(lambda x: x * 2, name="test-owner-ends")
+    assert torch.equal(owner(torch.ones(2)), torch.full((2,), 2.0))
+    thread, gone = owner._thread, weakref.ref(owner)
+    del owner
+    gc.collect()
+    thread.join(timeout=5)
+    assert gone() is None and not thread.is_alive()
+
+
+@requires_cuda
+def test_an_owner_thread_runs_each_call_on_its_callers_stream():
+    torch.manual_seed(10)
+    w = torch.randn(256, 256, device="cuda")
+    streams_seen = []
+
+    def call(x):
+        streams_seen.append(torch.cuda.current_stream().stream_id)
+        return torch.tanh(x @ w) @ w
+
+    owner = serving.OwnerThread(call, cuda_index=torch.cuda.current_device())
+    inputs = [torch.randn(512, 256, device="cuda") for _ in range(THREADS)]
+    expected = [torch.tanh(x @ w) @ w for x in inputs]
+    torch.cuda.synchronize()
+    results, errors, start = [], [], threading.Barrier(THREADS)
+
+    def worker(k: int) -> None:
+        stream = torch.cuda.Stream()
+        start.wait()
+        with torch.cuda.stream(stream):
+            for _ in range(10):
+                out = owner(inputs[k])
+                results.append((k, out.clone()))  # on the caller's stream: ordered after the owner's work
+        stream.synchronize()
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join(timeout=120)
+    assert not errors and len(results) == THREADS * 10
+    assert wrong(results, expected) == 0
+    assert len(set(streams_seen)) == THREADS  # each caller's own stream, none the owner's default
+
+
 @requires_cuda
 def test_perception_on_cuda_from_eight_threads_cold_then_warm():
     """The real CUDA-graph trees: first calls from eight threads (torch 2.11 asserted in a thread other than the one

@@ -17,7 +17,7 @@ from fullgraph import env
 from fullgraph.compile.graphs import GraphedCall
 from fullgraph.deploy import DeployError, _probe, build, export, inspect_package, load, package, probe
 from fullgraph.errors import UsageError
-from fullgraph.serving import OutOfMemoryError
+from fullgraph.serving import OutOfMemoryError, OwnerThread
 from tests.deploy._models import MLP
 from tests.deploy._threads import threaded
 
@@ -288,7 +288,7 @@ def test_cuda_graphs_on_a_cpu_package_are_refused_before_the_probe(tmp_path, mon
         ({"runners": True}, r"runners=True: give how many"),
         ({"runners": 2, "cuda_graphs": True}, r"runners=2 with cuda_graphs=True: the replayed model runs single"),
         ({"serial": True, "cuda_graphs": True}, r"serial=True with cuda_graphs=True \(which runs it single-threaded"),
-        ({"serial": True, "runners": 2}, r"serial=True with runners=2: serial runs one model instance behind a lock"),
+        ({"serial": True, "runners": 2}, r"serial=True with runners=2: serial runs one model instance on one thread"),
     ],
 )
 def test_bad_runners_are_refused_before_the_file_is_read(tmp_path, kwargs, says):
@@ -342,8 +342,9 @@ def test_a_package_whose_first_kernel_is_triton_runs_from_a_fresh_thread(tmp_pat
 
 @pytest.mark.gpu
 def test_a_serial_cuda_package_from_threads_on_their_own_streams_gives_each_its_output(tmp_path):
-    # serial=True: the lock covers the launches only, so calls made on different streams run on the GPU together;
-    # right only if a call's buffers are its own (the runtime allocates them through the caching allocator)
+    # serial=True: each call runs on its caller's stream from the package's own thread, so calls made on different
+    # streams run on the GPU together; right only if a call's buffers are its own (the runtime allocates them
+    # through the caching allocator) and the owner follows each caller's stream
     model = MLP(dim=1024, hidden=4096, out=1024).cuda().eval()
     path = export(model, (torch.randn(256, 1024, device="cuda"),), tmp_path / "wide.pt2")
     loaded = load(path, probe_first=False, serial=True)
@@ -474,8 +475,8 @@ def test_a_package_called_from_8_threads_gives_each_caller_its_own_output(mlp_pa
         assert [i for i, out in got["outputs"] if not torch.equal(out, refs[i])] == []
 
 
-def test_serial_opens_the_runtime_single_threaded_and_runs_one_call_at_a_time(mlp_package, monkeypatch):
-    opened, inside, most = [], [0], [0]
+def test_serial_opens_the_runtime_single_threaded_and_runs_every_call_on_one_thread(mlp_package, monkeypatch):
+    opened, inside, most, threads = [], [0], [0], set()
     real = package.open_package
 
     def open_package(path, device_index, single_threaded=False, runners=1):
@@ -485,6 +486,7 @@ def test_serial_opens_the_runtime_single_threaded_and_runs_one_call_at_a_time(ml
         def run(*args):  # counts the calls inside the runtime at once
             inside[0] += 1
             most[0] = max(most[0], inside[0])
+            threads.add(threading.get_ident())
             time.sleep(0.002)  # lets the other threads in, were the lock missing
             try:
                 return model(*args)
@@ -500,11 +502,12 @@ def test_serial_opens_the_runtime_single_threaded_and_runs_one_call_at_a_time(ml
     with torch.no_grad():
         refs = [loaded(x) for x in inputs]
     got = threaded(loaded, inputs, rounds=5)
-    assert opened == [True] and isinstance(loaded._model, package.SerialCall)
+    assert opened == [True] and isinstance(loaded._model, OwnerThread)
     assert got["exceptions"] == [] and [i for i, out in got["outputs"] if not torch.equal(out, refs[i])] == []
     assert most[0] == 1  # 8 threads, never two calls inside the runtime together
+    assert len(threads) == 1 and threading.get_ident() not in threads  # the package's own thread ran them all
     pooled = load(path, probe_first=False)  # the default keeps the runtime's pool
-    assert opened == [True, False] and not isinstance(pooled._model, package.SerialCall)
+    assert opened == [True, False] and not isinstance(pooled._model, OwnerThread)
 
 
 @pytest.mark.slow

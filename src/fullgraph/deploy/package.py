@@ -27,13 +27,13 @@ own come with `import fullgraph.ops`, which `load` does) and, for a Triton kerne
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import json
 import os
 import struct
 import sys
-import threading
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -50,7 +50,7 @@ from fullgraph.deploy._common import DeployError, cache_dir, environment, input_
 from fullgraph.deploy._probe import PROBE_TIMEOUT_S, exit_text, read_json, remember, run_probe
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
-from fullgraph.serving import OutOfMemoryError, bind_cuda_context, out_of_memory
+from fullgraph.serving import OutOfMemoryError, OwnerThread, bind_cuda_context, out_of_memory
 
 # Written into the package (aot_inductor.metadata) by `export`, read back before loading.
 META_PREFIX = "fullgraph_"
@@ -351,20 +351,12 @@ class PackageCall:
         return self.loader.get_metadata()
 
 
-class SerialCall:
-    """A package's model loaded single-threaded (`open_package(..., single_threaded=True)`), behind one lock of its
-    own: `load(..., serial=True)`. The runtime's pool of model instances is not used, so a call neither records nor
-    queries a CUDA event, and it never waits inside the runtime, holding the GIL, for the previous call's kernels
-    to finish: the lock covers the launches only, and the next caller launches while the GPU still runs the last
-    call. Each call runs on its caller's current stream; the runtime allocates a call's buffers through torch's
-    caching allocator, which keeps them apart across streams."""
-
-    def __init__(self, model: Callable):
-        self._model, self._lock = model, threading.Lock()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return self._model(*args, **kwargs)
+def _cuda_index(meta: Mapping[str, str]) -> int | None:
+    """The CUDA device a package runs on (its own index, or the current device), None for a CPU package."""
+    device = torch.device(meta.get("AOTI_DEVICE_KEY") or "cpu")
+    if device.type != "cuda":
+        return None
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def _loader_class() -> Any:
@@ -425,12 +417,10 @@ class LoadedPackage:
             if k.isdigit() and isinstance(v, list) and len(v) == 2 and all(isinstance(b, int) for b in v)
         }  # fmt: skip
         self._ooms = OomCount()
-        device = torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu")
-        self._cuda_index = None  # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)
-        if device.type == "cuda":
-            self._cuda_index = torch.cuda.current_device() if device.index is None else device.index
+        # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)
+        self._cuda_index = _cuda_index(self.metadata)
         with contextlib.suppress(Exception):  # the baseline of the device's out-of-memory count (a CUDA package)
-            self._ooms.start(device)
+            self._ooms.start(torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The model's output. Callable from many threads at once: the AOTInductor runner is (0 wrong of 200 calls
@@ -552,8 +542,9 @@ def load(
     callable from many threads at once (`LoadedPackage.__call__`). `runners` (without cuda_graphs) is how many
     instances of the model the runtime keeps, so that calls from several threads, or one thread's next call, need
     not wait for the previous call's kernels (`open_package`); each costs one more activation arena, not weights.
-    `serial=True` (without cuda_graphs) runs one instance single-threaded behind the package's own lock instead
-    (`SerialCall`): no event bookkeeping per call, and no call waits inside the runtime for the previous one.
+    `serial=True` (without cuda_graphs) runs one instance single-threaded on a thread of the package's own, fed by a
+    queue (`fullgraph.serving.OwnerThread`): every launch comes from that one thread, whichever thread calls; no
+    event bookkeeping per call, no wait inside the runtime for the previous call; one thread hop per call.
     `check_indices` (the default) checks, before each call, the integer inputs that the package uses to index a
     table (token ids into an embedding, as `export` records): a value outside the table is a UsageError naming the
     input, where the compiled code would abort the process (CPU) or its CUDA context (GPU). It costs one reduction
@@ -568,7 +559,7 @@ def load(
         raise UsageError(f"runners={runners} with cuda_graphs=True: the replayed model runs single-threaded; drop one")
     if serial and (cuda_graphs or runners != 1):
         other = "cuda_graphs=True (which runs it single-threaded already)" if cuda_graphs else f"runners={runners}"
-        raise UsageError(f"serial=True with {other}: serial runs one model instance behind a lock; drop one")
+        raise UsageError(f"serial=True with {other}: serial runs one model instance on one thread; drop one")
     sha, meta, ops = _read_package(path)
     if ops:  # only then: fullgraph.ops imports Dynamo and Triton, which loading a package needs no more
         import fullgraph.ops  # registers our custom ops, which the package calls
@@ -599,5 +590,9 @@ def load(
     if cuda_graphs:
         model = GraphedCall(model, name=os.path.basename(path))
     elif serial:
-        model = SerialCall(model)
+        index = _cuda_index(meta)
+        model = OwnerThread(
+            model, cuda_index=index, on_start=None if index is None else functools.partial(bind_cuda_context, index),
+            name=f"fullgraph {os.path.basename(path)}",
+        )  # fmt: skip
     return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict, check_indices=check_indices)

@@ -141,7 +141,8 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
         (("--runners", "2"), "--runners 2: a package's model instances, for --callable package without"),
         (("--callable", "package", "--cuda-graphs", "--runners", "2"), "--runners 2: a package's model instances"),
         (("--callable", "package,serial", "--runners", "2"), "and not beside serial (one instance by design)"),
-        (("--callable", "package,serial", "--cuda-graphs"), "--cuda-graphs with --callable serial: a replayed"),
+        (("--callable", "package,serial", "--cuda-graphs"), "--cuda-graphs with --callable serial or owner: a"),
+        (("--callable", "package,owner", "--cuda-graphs"), "--cuda-graphs with --callable serial or owner: a"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
@@ -154,8 +155,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
 def test_a_package_file_runs_only_as_a_package(tmp_path, capsys):
     assert main(["bench", "load", str(tmp_path / "model.pt2"), "--callable", "compiled", *FAST]) == 2
     assert (
-        "model.pt2 is a package: it runs as --callable package (or serial: single-threaded behind its lock; "
-        "locked: behind one lock), not compiled" in capsys.readouterr().err
+        "model.pt2 is a package: it runs as --callable package (or serial: single-threaded on its own thread; "
+        "owner: on its own thread; locked: behind one lock), not compiled" in capsys.readouterr().err
     )
 
 
@@ -250,3 +251,28 @@ def test_serial_opens_the_package_again_single_threaded(tmp_path):
     assert exported == [os.path.join(work, "model.pt2")]
     assert opened == [("model.pt2", {"cuda_graphs": False, "runners": 1}),
                       ("model.pt2", {"cuda_graphs": False, "runners": 1, "serial": True})]  # fmt: skip
+
+
+def test_owner_hands_the_package_runtimes_calls_to_one_thread_of_its_own():
+    ran_on = []
+
+    def run(x):
+        ran_on.append(threading.get_ident())
+        return x + 1
+
+    def open_package(path, specs, **options):
+        assert options == {"cuda_graphs": False, "runners": 1}  # the pooled runtime, as `package` opens it
+        return run, None
+
+    sources = suite.Sources(None, open_package, None, None, None, lambda msg: None)
+    plan = suite.Plan(target="m.pt2", kinds=("package", "owner"), threads=(1,), seconds=1.0, cold=False,
+                      preset="dev", cuda_graphs=False, device="cpu")  # fmt: skip
+    owned = suite.opener(plan, "owner", run, ((), {}), sources, "")()
+    outs = []
+    pool = [threading.Thread(target=lambda: outs.append(owned(torch.ones(2)))) for _ in range(4)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    assert [o.tolist() for o in outs] == [[2.0, 2.0]] * 4
+    assert len(set(ran_on)) == 1 and ran_on[0] not in {th.ident for th in pool}

@@ -52,7 +52,7 @@ from fullgraph.bench.suites.load_threads import (
 )
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
-from fullgraph.serving import copy_out
+from fullgraph.serving import OwnerThread, copy_out
 from fullgraph.timing import quantile, resolve_device
 
 KINDS = {
@@ -61,14 +61,16 @@ KINDS = {
     "the batch",
     "precompiled": "fullgraph.deploy.save_precompiled with the preset's mode, then load_precompiled",
     "package": "an AOTInductor package: a .pt2 TARGET, or exported here (minutes on a GPU); with --cuda-graphs",
-    "serial": "that package's one model instance run single-threaded behind the package's lock (fullgraph.deploy."
-    "load(..., serial=True)): no per-call event, no wait inside the runtime for the previous call",
+    "serial": "that package's one model instance run single-threaded (fullgraph.deploy.load(..., serial=True)): "
+    "on a thread of its own fed by a queue, no per-call event, no wait inside the runtime for the previous call",
+    "owner": "that package as `package` runs it (the runtime's pool), every call handed to one thread of its own "
+    "(fullgraph.serving.OwnerThread around the loaded package)",
     "plain": "torch.compile(model, mode=the preset's mode), for comparison",
     "locked": "torch.compile(model, mode=the preset's mode) behind one lock, outputs cloned inside it: what a server "
     "writes by hand, the floor fullgraph's callables must not fall below (a .pt2 TARGET: the package behind one lock)",
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
-PACKAGE_KINDS = {"package", "serial", "locked"}  # what a .pt2 TARGET runs as
+PACKAGE_KINDS = {"package", "serial", "owner", "locked"}  # what a .pt2 TARGET runs as
 INPUT_SETS = 8
 WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
 
@@ -113,19 +115,20 @@ class Plan:
             raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
         if self.target.endswith(".pt2") and not set(self.kinds) <= PACKAGE_KINDS:
             raise UsageError(f"{self.target} is a package: it runs as --callable package (or serial: single-threaded "
-                             f"behind its lock; locked: behind one lock), not {','.join(self.kinds)}")  # fmt: skip
+                             "on its own thread; owner: on its own thread; locked: behind one lock), not "
+                             f"{','.join(self.kinds)}")  # fmt: skip
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
-        if self.cuda_graphs and "serial" in self.kinds:
-            raise UsageError("--cuda-graphs with --callable serial: a replayed package runs single-threaded already; "
+        if self.cuda_graphs and {"serial", "owner"} & set(self.kinds):
+            raise UsageError("--cuda-graphs with --callable serial or owner: a replayed package runs behind its lock; "
                              "compare them as two runs")  # fmt: skip
         if self.runners != 1 and ("package" not in self.kinds or self.cuda_graphs or "serial" in self.kinds):
             raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package without "
                              "--cuda-graphs, and not beside serial (one instance by design)")  # fmt: skip
         if self.package is not None and (
-            not {"package", "serial"} & set(self.kinds) or not self.package.endswith(".pt2")
+            not {"package", "serial", "owner"} & set(self.kinds) or not self.package.endswith(".pt2")
         ):
-            raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package or serial")
+            raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package, serial or owner")
         fg_compile.get_preset(self.preset)  # an unknown name is a UsageError listing the presets
 
     @property
@@ -147,6 +150,7 @@ class Plan:
             else "package" + (f", {self.runners} runners" if self.runners != 1 else ""),
             "plain": f"torch.compile {self.mode or 'default'}",
             "serial": "package, serial",
+            "owner": "package, owner thread",
             "locked": "package, locked"
             if self.target.endswith(".pt2")
             else f"torch.compile {self.mode or 'default'}, locked",
@@ -199,11 +203,11 @@ def load_model(plan: Plan, sources: Sources) -> tuple[Any, Inputs]:
     model, example = sources.load_target(plan.target, plan.input_specs, torch.device(plan.device))
     x = _pair(example)
     for kind in plan.kinds:
-        if kind in ("compiled", "bucketed", "precompiled", "package", "serial") and not isinstance(
+        if kind in ("compiled", "bucketed", "precompiled", "package", "serial", "owner") and not isinstance(
             model, torch.nn.Module
         ):
             raise UsageError(f"--callable {kind} takes an nn.Module; {plan.target} returned {type(model).__name__}")
-        if kind in ("precompiled", "package", "serial") and x[1]:
+        if kind in ("precompiled", "package", "serial", "owner") and x[1]:
             raise UsageError(f"--callable {kind} takes positional inputs only; {plan.target} has keyword inputs")
     return model, x
 
@@ -220,7 +224,7 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
             if kind == "serial":  # its own load: the runtime is opened single-threaded
                 return sources.open_package(plan.target, (), **plan.package_options, serial=True)[0]
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
-            return _locked(loaded) if kind == "locked" else loaded
+            return _locked(loaded) if kind == "locked" else _owned(plan, loaded) if kind == "owner" else loaded
 
         return package
     if kind == "compiled":
@@ -239,13 +243,24 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         sources.save_precompiled(model, x[0], path, mode=plan.mode)
         return lambda: sources.load_precompiled(path, model)
     path = plan.package
-    if path is None:  # exported here once, for package and serial alike
+    if path is None:  # exported here once, for package, serial and owner alike
         path = os.path.join(work, "model.pt2")
         if not os.path.exists(path):
             sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
             path = sources.export(model, x[0], path, preset=plan.preset)
     serial = {"serial": True} if kind == "serial" else {}
+    if kind == "owner":
+        return lambda: _owned(plan, sources.open_package(path, (), **plan.package_options)[0])
     return lambda: sources.open_package(path, (), **plan.package_options, **serial)[0]
+
+
+def _owned(plan: Plan, loaded: Callable) -> Callable:
+    """`loaded` with every call run on one thread of its own, on its caller's CUDA stream."""
+    device = torch.device(plan.device)
+    index = (
+        (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else None
+    )
+    return OwnerThread(loaded, cuda_index=index, name="fullgraph bench owner")
 
 
 def _locked(fn: Callable) -> Callable:
