@@ -245,15 +245,17 @@ def _own(fn: Callable[..., Any], jobs: queue.SimpleQueue, on_start: Callable[[],
             on_start()
         except BaseException as e:  # every call then fails with it, in its caller
             error = e
-    current = None  # the stream this thread has set current
+    current = None  # (id, device) of the stream this thread has set current; compared as such: torch's Stream
+    # compares unequal to nothing when the other side is None (`stream != None` is False), which once left every
+    # call on the owner's default stream
     while (job := jobs.get()) is not None:
         args, kwargs, stream, grad = job[0], job[1], job[2], job[3]
         try:
             if error is not None:
                 raise error
-            if stream is not None and stream != current:
+            if stream is not None and (stream.stream_id, stream.device_index) != current:
                 torch.cuda.set_stream(stream)
-                current = stream
+                current = (stream.stream_id, stream.device_index)
             with torch.set_grad_enabled(grad):
                 job[4] = fn(*args, **kwargs)
         except BaseException as e:

@@ -454,6 +454,43 @@ def test_an_owner_thread_ends_when_its_callable_is_collected():
     assert gone() is None and not thread.is_alive()
 
 
+class ComparedStream:
+    """Stands for a CUDA stream on the CPU, comparing as torch's does: unequal to nothing when the other side is
+    None (`stream != None` is False), the trap that left the owner's calls on its default stream on the H100."""
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id, self.device_index = stream_id, 0
+
+    def __eq__(self, other):
+        return other is not None and (self.stream_id, self.device_index) == (other.stream_id, other.device_index)
+
+    def __ne__(self, other):
+        return other is not None and not self == other
+
+    __hash__ = None
+
+
+def test_an_owner_thread_sets_each_callers_stream_current_before_its_call(monkeypatch):
+    current = threading.local()  # as torch keeps the current stream: per thread, the default (id 0) at first
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: getattr(current, "s", ComparedStream(0)))
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: setattr(current, "s", stream))
+    owner = serving.OwnerThread(lambda: torch.cuda.current_stream().stream_id, cuda_index=0)
+    seen, start = {}, threading.Barrier(4)
+
+    def caller(k: int) -> None:
+        current.s = ComparedStream(k + 1)  # this caller's own stream
+        start.wait()
+        seen[k] = {owner() for _ in range(20)}
+
+    pool = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join(timeout=30)
+    assert seen == {k: {k + 1} for k in range(4)}
+    assert owner() == 0  # this thread's default stream, set back on the owner
+
+
 @requires_cuda
 def test_an_owner_thread_runs_each_call_on_its_callers_stream():
     torch.manual_seed(10)

@@ -161,6 +161,15 @@ SUITES = {
             ("--threads", {"default": "1,4,16", "help": "thread counts, each measured in turn (default 1,4,16)"}),
             ("--seconds", {"type": float, "default": 30.0, "help": "timed seconds per thread count (default 30)"}),
             (
+                "--rounds",
+                {
+                    "type": int,
+                    "help": "warm runs: the thread counts take turns this many times, each for seconds / rounds, "
+                    "and x 1 thread is the median of each round's ratio, so that a drift over the run (clocks, "
+                    "the host) does not read as a threading effect (default 3; cold runs: 1)",
+                },
+            ),
+            (
                 "--callable",
                 {
                     "help": "what wraps the model, or several in turn (comma-separated): compiled (default), "

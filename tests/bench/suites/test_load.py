@@ -120,8 +120,10 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
     rc, by = bench_load(tmp_path, f"{HERE}:main_thread_only", "--callable", "eager", "--threads", "2")
     assert rc == 1
     assert by["eager"][2]["exceptions"] >= 2 and by["eager"][2]["calls"] == 0  # each worker stops after MAX_ERRORS
-    # each of the 2 threads stops after MAX_ERRORS twice: in its first and timed calls together, then in its checks
-    assert f"eager, warm: 0 wrong outputs of 0, {4 * load_threads.MAX_ERRORS} exceptions" in capsys.readouterr().err
+    # each of the 2 threads stops after MAX_ERRORS in each round (its first and timed calls together), then in its
+    # checks
+    raised = 2 * (suite.DEFAULT_ROUNDS + 1) * load_threads.MAX_ERRORS
+    assert f"eager, warm: 0 wrong outputs of 0, {raised} exceptions" in capsys.readouterr().err
     rows = read_csv(tmp_path / "load.csv")
     assert '"error":"AssertionError"' in rows[0].params
 
@@ -140,6 +142,8 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
         (("--input-sets", "0"), "--input-sets 0"),
         (("--runners", "2"), "--runners 2: a package's model instances, for --callable package without"),
         (("--callable", "package", "--cuda-graphs", "--runners", "2"), "--runners 2: a package's model instances"),
+        (("--rounds", "0"), "--rounds 0: give 1 or more"),
+        (("--cold", "--rounds", "2"), "--rounds 2: a cold run measures each thread count once"),
         (("--callable", "package,serial", "--runners", "2"), "and not beside serial (one instance by design)"),
         (("--callable", "package,serial", "--cuda-graphs"), "--cuda-graphs with --callable serial or owner: a"),
         (("--callable", "package,owner", "--cuda-graphs"), "--cuda-graphs with --callable serial or owner: a"),
@@ -202,6 +206,30 @@ def test_memory_is_read_in_the_threads_that_make_the_timed_calls(tmp_path, monke
     for n in (1, 4, 16):
         assert by["eager"][n]["mem_growth"] == 0.0
         assert by["eager"][n]["mem_after_first_bytes"] > 64 * 2**20  # each thread made its state before the reading
+
+
+class Leaky(torch.nn.Module):
+    """Keeps 1 KiB more at every call: growth over calls, which the point must show whichever round it is in."""
+
+    held = 2**20
+
+    def forward(self, x):
+        Leaky.held += 1024
+        return x * 2
+
+
+def leaky():
+    return Leaky(), torch.randn(4, 8)
+
+
+def test_memory_that_grows_with_the_calls_shows_as_growth(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite.Driver, "memory", lambda self: Leaky.held)
+    rc, by = bench_load(tmp_path, f"{HERE}:leaky", "--callable", "eager", "--threads", "1,4")
+    assert rc == 0
+    for n in (1, 4):
+        point = by["eager"][n]
+        grew = point["mem_end_bytes"] - point["mem_after_first_bytes"]
+        assert point["mem_growth"] > 0 and grew >= 1024 * point["calls"] / 10  # one round's calls at least
 
 
 def test_a_package_targets_second_kind_opens_the_file_again():
@@ -276,3 +304,17 @@ def test_owner_hands_the_package_runtimes_calls_to_one_thread_of_its_own():
         th.join()
     assert [o.tolist() for o in outs] == [[2.0, 2.0]] * 4
     assert len(set(ran_on)) == 1 and ran_on[0] not in {th.ident for th in pool}
+
+
+def test_x_one_thread_is_the_median_of_the_rounds_ratios_so_a_drift_does_not_read_as_threading():
+    def point(threads, rates):
+        return suite.Point(threads, load_threads.Tally(calls=int(sum(rates))), len(rates), load_threads.Tally(),
+                           None, None, None, tuple(rates))  # fmt: skip
+
+    # a machine that speeds up by 10% a round: one thread's rounds ran first each time
+    one, four = point(1, [100.0, 110.0, 121.0]), point(4, [105.0, 115.5, 127.05])
+    assert suite.vs_one_thread(four, one) == pytest.approx(1.05)  # each round's ratio is 1.05
+    # the totals of points measured one after the other read the drift: 1 thread early, 4 threads late
+    early, late = point(1, [100.0]), point(4, [121.0])
+    assert suite.vs_one_thread(late, early) == pytest.approx(1.21)
+    assert suite.vs_one_thread(four, None) is None

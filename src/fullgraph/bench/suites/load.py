@@ -72,6 +72,7 @@ KINDS = {
 }
 PACKAGE_KINDS = {"package", "serial", "owner", "locked"}  # what a .pt2 TARGET runs as
 INPUT_SETS = 8
+DEFAULT_ROUNDS = 3  # warm: two ~3% drifts in one run moved x 1 thread of one package from 0.89 to 1.13 (H100)
 WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
 
 
@@ -104,6 +105,7 @@ class Plan:
     input_sets: int = INPUT_SETS
     package: str | None = None  # the package of kind "package" for a Python TARGET (default: exported here)
     runners: int = 1  # the package's model instances (`fullgraph.deploy.load(..., runners=)`)
+    rounds: int = 1  # warm runs: the thread counts take turns this many times (each round seconds / rounds)
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -111,6 +113,9 @@ class Plan:
             raise UsageError(f"--callable {','.join(self.kinds)!r}: give one or more of {', '.join(KINDS)}, each once")
         if not (self.seconds > 0 and math.isfinite(self.seconds)):
             raise UsageError(f"--seconds {self.seconds:g}: give the seconds each thread count is timed, e.g. 30")
+        if self.rounds < 1 or (self.cold and self.rounds != 1):
+            why = "a cold run measures each thread count once, from a fresh callable" if self.cold else "give 1 or more"
+            raise UsageError(f"--rounds {self.rounds}: {why}")
         if self.input_sets < 1:
             raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
         if self.target.endswith(".pt2") and not set(self.kinds) <= PACKAGE_KINDS:
@@ -174,6 +179,7 @@ def plan_from(args) -> Plan:
         input_sets=args.input_sets,
         package=args.package,
         runners=args.runners,
+        rounds=(1 if args.cold else DEFAULT_ROUNDS) if getattr(args, "rounds", None) is None else args.rounds,
     )
 
 
@@ -292,6 +298,7 @@ class Point:
     first_call_s: float | None  # cold: the slowest first call
     mem_after: int | None  # bytes allocated after GROWTH_AFTER calls, nothing in flight (GPU)
     mem_end: int | None
+    round_rates: tuple[float, ...] = ()  # calls/s in each round, in the order the rounds ran
 
     @property
     def calls_per_s(self) -> float:
@@ -311,21 +318,51 @@ class Point:
         return None if not self.mem_after or self.mem_end is None else self.mem_end / self.mem_after - 1
 
 
-def measure_point(plan: Plan, driver: Driver, n: int, say: Callable[[str], None]) -> Point:
-    cold, first_s = Tally(), None
+@dataclass
+class Round:
+    """One timed round of one thread count."""
+
+    timed: Tally
+    wall_s: float
+    mem: tuple[int | None, int | None]
+
+
+def time_round(plan: Plan, driver: Driver, n: int, r: int, say: Callable[[str], None]) -> Round:
+    """Thread count `n`'s round `r` (0-based): its share of the seconds, timed without checks. The first round
+    of a warm driver warms it up and computes the references in one thread first; a cold point's first calls come
+    from `cold_point`."""
     threads = f"{n} thread{'s' * (n != 1)}"
-    if plan.cold:
-        say(f"{threads}: the first call from all at once (cold), then references in one thread")
-        cold, first_s = driver.cold(n)
-    elif not driver.refs:
+    if not plan.cold and not driver.refs:
         say(f"warm-up ({WARMUP_CALLS} calls) and references in one thread")
         single("the warm-up", lambda: [driver.call(0) for _ in range(WARMUP_CALLS)])
         single("computing the references", driver.references)
-    say(f"{threads}: calling for {plan.seconds:g} s (timed, no checks)")
-    timed, wall, (mem_after, mem_end) = driver.timed(n, plan.seconds)
-    say(f"{threads}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
-    checks = total([cold, driver.checked(n)])
-    return Point(n, timed, wall, checks, first_s, mem_after, mem_end)
+    seconds = plan.seconds / plan.rounds
+    which = f" (round {r + 1} of {plan.rounds})" if plan.rounds > 1 else ""
+    say(f"{threads}: calling for {seconds:g} s{which} (timed, no checks)")
+    timed, wall, mem = driver.timed(n, seconds)
+    return Round(timed, wall, mem)
+
+
+def point_of(driver: Driver, n: int, rounds: Sequence[Round], cold: tuple[Tally, float | None],
+             say: Callable[[str], None]) -> Point:  # fmt: skip
+    """Thread count `n`'s point from its rounds, its outputs checked once they have all run."""
+    say(f"{n} thread{'s' * (n != 1)}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
+    checks = total([cold[0], driver.checked(n)])
+    rates = tuple(r.timed.calls / r.wall_s for r in rounds)
+    # memory over the calls of one pool of threads: each round's threads are new (a server's pool keeps its own, and
+    # per-thread state made at a thread's first call is no growth), so the round that grew most speaks for the point
+    mem = max((r.mem for r in rounds), key=lambda m: m[1] / m[0] if m[0] and m[1] is not None else -math.inf)
+    return Point(n, total([r.timed for r in rounds]), sum(r.wall_s for r in rounds), checks, cold[1], *mem, rates)
+
+
+def vs_one_thread(p: Point, base: Point | None) -> float | None:
+    """Point `p`'s calls/s against one thread's: the median of the rounds' ratios, each round's thread counts run
+    one after another, where both have the same rounds; else the ratio of the totals."""
+    if base is None or not base.calls_per_s:
+        return None
+    if len(p.round_rates) == len(base.round_rates) > 1 and all(base.round_rates):
+        return quantile(sorted(a / b for a, b in zip(p.round_rates, base.round_rates, strict=True)), 0.5)
+    return p.calls_per_s / base.calls_per_s
 
 
 def describe(x: Inputs) -> str:
@@ -342,11 +379,11 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
     table, notes, failed = [], [], []
     for kind, points in results.items():
         variant = f"{plan.label(kind)}, {start}"
-        base = next((p.calls_per_s for p in points if p.threads == 1), None)
+        base = next((p for p in points if p.threads == 1), None)
         for p in points:
             lat = sorted(p.timed.latencies) or [math.nan]
             p50, p99 = quantile(lat, 0.5) * 1e3, quantile(lat, 0.99) * 1e3
-            ratio = p.calls_per_s / base if base else None
+            ratio = vs_one_thread(p, base)
             metrics = {"calls": (p.timed.calls, ""), "calls_per_s": (p.calls_per_s, "1/s"),
                        "items_per_s": (p.timed.items / p.wall_s, "1/s"), "p50_ms": (p50, "ms"),
                        "p99_ms": (p99, "ms"), "checked": (p.checks.checked, ""), "wrong": (p.checks.wrong, ""),
@@ -357,7 +394,8 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
             metrics |= {k: v for k, v in optional.items() if v[0] is not None}
             params = {"target": plan.target, "callable": kind, "preset": plan.preset, "cuda_graphs": plan.cuda_graphs,
                       "runners": plan.runners,
-                      "start": start, "threads": p.threads, "seconds": plan.seconds, "input_sets": plan.input_sets,
+                      "start": start, "threads": p.threads, "seconds": plan.seconds, "rounds": plan.rounds,
+                      "input_sets": plan.input_sets,
                       **({"error": p.first_error} if p.first_error else {})}  # fmt: skip
             threads = f"{p.threads} thread{'s' * (p.threads != 1)}"
             rows += make_rows("load", case, f"{variant}, {threads}", metrics, params)
@@ -373,7 +411,8 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
             failed.append(f"{variant}: {wrong}, {raised} exception{'s' * (raised != 1)}")
     headers = ["callable", "threads", "calls/s", "items/s", "x 1 thread", "p50 ms", "p99 ms", "wrong/checked",
                "exceptions", "GPU mem growth", "cold 1st call s"]  # fmt: skip
-    about = f"{case}, {start} start: {plan.input_sets} input sets, {plan.seconds:g} s per thread count"
+    rounds = f" in {plan.rounds} rounds (x 1 thread: the median of the rounds' ratios)" if plan.rounds > 1 else ""
+    about = f"{case}, {start} start: {plan.input_sets} input sets, {plan.seconds:g} s per thread count{rounds}"
     text = "\n".join([about, format_table(headers, table), *notes])
     return rows, text, "; ".join(failed) or None
 
@@ -382,6 +421,14 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
     plan = plan_from(args)
     device, say = torch.device(plan.device), sources.progress
     results: dict[str, list[Point]] = {}
+
+    def done(kind: str, point: Point) -> None:
+        results[kind].append(point)
+        # each point as it ends: a process that dies later (a CUDA abort in torch) still leaves its figures
+        threads = f"{point.threads} thread{'s' * (point.threads != 1)}"
+        say(f"{plan.label(kind)}, {threads}: {point.calls_per_s:.1f} calls/s, {point.checks.wrong} wrong of "
+            f"{point.checks.checked}, {point.exceptions} exceptions")  # fmt: skip
+
     with tempfile.TemporaryDirectory(prefix="fullgraph-load-") as work:
         say(f"{plan.target}: the model and its inputs")
         model, example = load_model(plan, sources)
@@ -390,16 +437,24 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
             open_callable = opener(plan, kind, model, example, sources, work)
             sets = input_sets(example, plan.input_sets, shorter=kind == "bucketed")
             driver, results[kind] = None, []
-            for n in plan.threads:
-                if plan.cold or driver is None:
+            if plan.cold:  # a fresh callable per thread count, its first calls from all threads at once
+                for n in plan.threads:
                     driver = None
                     torch._dynamo.reset()  # Dynamo's code caches outlive a callable: a fresh one starts from none
                     driver = Driver(open_callable(), sets, device)
-                point = measure_point(plan, driver, n, say)
-                results[kind].append(point)
-                # each point as it ends: a process that dies later (a CUDA abort in torch) still leaves its figures
-                say(f"{plan.label(kind)}, {n} thread{'s' * (n != 1)}: {point.calls_per_s:.1f} calls/s, "
-                    f"{point.checks.wrong} wrong of {point.checks.checked}, {point.exceptions} exceptions")  # fmt: skip
+                    say(f"{n} thread{'s' * (n != 1)}: the first call from all at once (cold), then references")
+                    cold = driver.cold(n)
+                    done(kind, point_of(driver, n, [time_round(plan, driver, n, 0, say)], cold, say))
+            else:  # one callable; the thread counts take turns, round after round
+                driver = Driver(open_callable(), sets, device)
+                rounds: dict[int, list[Round]] = {n: [] for n in plan.threads}
+                for r in range(plan.rounds):
+                    for n in plan.threads:
+                        rounds[n].append(time_round(plan, driver, n, r, say))
+                        say(f"{n} thread{'s' * (n != 1)}, round {r + 1}: "
+                            f"{rounds[n][-1].timed.calls / rounds[n][-1].wall_s:.1f} calls/s")  # fmt: skip
+                for n in plan.threads:
+                    done(kind, point_of(driver, n, rounds[n], (Tally(), None), say))
             driver = None  # the next kind's memory readings start without this one's graphs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
