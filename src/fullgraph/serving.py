@@ -25,6 +25,9 @@ batch-4 ViT at 0.6 ms per call cannot pay) and against N graph instances per mod
   logger) runs alone in the process; every other call takes it shared. Readers never wait for one another.
 - `copy_out`: the outputs cloned (same strides) on the current stream; `borrow` in the callers skips it for a caller
   that reads the output while it holds the lock.
+- `OwnerThread`: the owner-thread form, for a callable whose calls hold the GIL through a long launch loop (an
+  uncaptured AOTInductor package: `deploy.load(..., serial=True)`), where a pool of callers would hand that loop
+  from core to core; measured in docs/deploy.md, "Many threads".
 """
 
 from __future__ import annotations
