@@ -2,7 +2,7 @@
 # The whole GPU suite in one call (the device tool's machine: no install, run from the tree).
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
-#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-serial zoo fleet
+#   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-threads zoo fleet
 #   sweep gemm-gelu
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
@@ -158,19 +158,19 @@ for step in $steps; do
       done
       echo "load: ${#failed[@]} failed run(s)"; for f in "${failed[@]}"; do echo "  FAILED $f"; done
       ;;
-    dit-serial)  # issue 31: the uncaptured DiT package from 1, 4 and 16 threads, pooled runtime against serial=True
-      # (one instance single-threaded behind the package's lock), in both orders, 20 s a point (~7 min with the export);
-      # then the package tests that cover serial and threads. Writes $OUT/dit_serial_h200.{csv,txt}.
+    dit-threads)  # issue 31: the uncaptured DiT package from 1 and 4 threads: the runtime's pool (`package`), the
+      # single-threaded runtime on the package's own thread (`serial`) and the pool behind such a thread (`owner`),
+      # the thread counts taking turns in 4 rounds (~5 min with the export); then the GPU tests of those paths.
+      # Writes $OUT/dit_threads_h200.{csv,txt}.
       pkg=${LOAD_PACKAGES:-out/load-packages}/dit_b_1024.pt2
       mkdir -p "$(dirname "$pkg")"
       [ -s "$pkg" ] || $py -m fullgraph export benchmarks/targets/serve.py:dit_b_1024 --preset perception --no-check \
         -o "$pkg" 2>&1 | tail -2
-      for order in package,serial serial,package; do
-        $py -m fullgraph bench load "$pkg" --callable $order --threads 1,4,16 --seconds "${DIT_SERIAL_SECONDS:-20}" \
-          --csv "$OUT/dit_serial_h200.csv" 2>&1 | tee -a "$OUT/dit_serial_h200.txt" | grep -v '^\[' | tail -9
-      done
-      PYTHONPATH="$PWD/src:$PWD" $py -m pytest -p no:cacheprovider -q tests/deploy/test_package.py -k "serial or thread" \
-        2>&1 | tail -3
+      $py -m fullgraph bench load "$pkg" --callable "${DIT_THREADS_CALLABLES:-package,serial,owner}" --threads 1,4 \
+        --seconds "${DIT_THREADS_SECONDS:-24}" --rounds 4 --csv "$OUT/dit_threads_h200.csv" 2>&1 \
+        | tee -a "$OUT/dit_threads_h200.txt" | grep -v '^\[' | tail -9
+      PYTHONPATH="$PWD/src:$PWD" $py -m pytest -p no:cacheprovider -q tests/compile/test_concurrency.py \
+        tests/deploy/test_package.py -k "owner or serial or thread" 2>&1 | tail -3
       ;;
     zoo)  # issue 33: timm, transformers and torchvision models, eager / plain torch.compile / plain again /
       # fullgraph.compile with its rewrites, two batches each, both modes (docs/zoo.md). One device call runs at most
