@@ -229,7 +229,7 @@ def test_memory_that_grows_with_the_calls_shows_as_growth(tmp_path, monkeypatch)
     for n in (1, 4):
         point = by["eager"][n]
         grew = point["mem_end_bytes"] - point["mem_after_first_bytes"]
-        assert point["mem_growth"] > 0 and grew >= 1024 * point["calls"] / 10  # one round's calls at least
+        assert point["mem_growth"] > 0 and grew >= 1024 * point["calls"]  # every timed call's KiB, in all rounds
 
 
 def test_a_package_targets_second_kind_opens_the_file_again():

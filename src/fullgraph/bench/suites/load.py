@@ -349,10 +349,13 @@ def point_of(driver: Driver, n: int, rounds: Sequence[Round], cold: tuple[Tally,
     say(f"{n} thread{'s' * (n != 1)}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
     checks = total([cold[0], driver.checked(n)])
     rates = tuple(r.timed.calls / r.wall_s for r in rounds)
-    # memory over the calls of one pool of threads: each round's threads are new (a server's pool keeps its own, and
-    # per-thread state made at a thread's first call is no growth), so the round that grew most speaks for the point
-    mem = max((r.mem for r in rounds), key=lambda m: m[1] / m[0] if m[0] and m[1] is not None else -math.inf)
-    return Point(n, total([r.timed for r in rounds]), sum(r.wall_s for r in rounds), checks, cold[1], *mem, rates)
+    # memory over the point's own calls: each round's threads are new (a server's pool keeps its own: per-thread
+    # state made at a thread's first calls, before each round's baseline, is no growth), and other thread counts'
+    # rounds ran between this one's; so the end is the first baseline plus what each round added during its calls
+    first, added = rounds[0].mem[0], [r.mem[1] - r.mem[0] for r in rounds if None not in r.mem]
+    end = first + sum(added) if first is not None and len(added) == len(rounds) else None
+    return Point(n, total([r.timed for r in rounds]), sum(r.wall_s for r in rounds), checks, cold[1], first, end,
+                 rates)  # fmt: skip
 
 
 def vs_one_thread(p: Point, base: Point | None) -> float | None:
