@@ -184,12 +184,13 @@ for step in $steps; do
         --write-decisions "$OUT/decisions_gemm_gelu.json" 2>&1 \
         | tee "$OUT/tune_gemm_gelu_h200.txt" | tail -40
       ;;
-    sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point.
+    sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point,
+      # each point compiled first by 8 processes at once (--prewarm), then timed alone from Inductor's warm cache.
       # The grid is ~1 h: a call runs the points that fit SWEEP_DEADLINE (540 s) and prints the --only for the rest
       # (SWEEP_ARGS="--only '...'"). Parts join on the CPU: `fullgraph bench sweep --from-csv A,B --write-decisions
       # src/fullgraph/ops/data/decisions.json`.
       # shellcheck disable=SC2086 # a word list
-      eval "$py -m fullgraph bench sweep --deadline ${SWEEP_DEADLINE:-540} --csv $OUT/sweep_h200.csv ${SWEEP_ARGS:-}" \
+      eval "$py -m fullgraph bench sweep --prewarm ${SWEEP_PREWARM:-8} --deadline ${SWEEP_DEADLINE:-540} --csv $OUT/sweep_h200.csv ${SWEEP_ARGS:-}" \
         2>&1 | tee -a "$OUT/sweep_h200.txt" | grep -v '^\[' | tail -40
       ;;
     grad-mode)

@@ -224,6 +224,16 @@ SUITES = {
                     "help": "measure nothing: the summary of parts run apart (and --write-decisions from them)",
                 },
             ),
+            (
+                "--prewarm",
+                {
+                    "type": int,
+                    "default": 0,
+                    "metavar": "JOBS",
+                    "help": "first compile every selected point in JOBS processes at once, timing nothing, so that "
+                    "the timed processes load their graphs from Inductor's cache (default 0: off)",
+                },
+            ),
         ],
     ),
     "fleet": (

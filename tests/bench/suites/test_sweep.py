@@ -101,6 +101,35 @@ def test_deadline_starts_no_point_past_it_and_names_the_rest(monkeypatch, capsys
     assert "1 point(s) not started" in err and "--only 'dit 1152x16 b1 n4096 default'" in err
 
 
+def test_prewarm_compiles_every_point_at_once_before_any_is_timed_and_says_a_failed_one(monkeypatch, capsys):
+    events, started = [], []
+
+    def child(p, args, csv, reps, warm):  # a warming child: no output kept, one call per round; "n4096" fails
+        assert warm and reps == 1 and csv == sweep.os.devnull
+        started.append(p.label)
+        code = "import sys; print('out of memory at n4096'); sys.exit(3)" if "n4096" in p.label else "pass"
+        return [sweep.sys.executable, "-c", code]
+
+    def point(p, args):
+        events.append(("timed", p.label, len(started)))
+        return []
+
+    monkeypatch.setattr(sweep, "_child", child)
+    monkeypatch.setattr(sweep, "run_point", point)
+    args = argparse.Namespace(from_csv=None, modes="default", only="dit 1152x16", small=False, deadline=None,
+                              write_decisions=None, prewarm=2)  # fmt: skip
+    sweep.run(args)
+    labels = [p.label for p in sweep.grid(False, ("default",)) if "dit 1152x16" in p.label]
+    assert sorted(started) == sorted(labels) and len(labels) == 3
+    assert [e[1] for e in events] == labels and all(e[2] == 3 for e in events)  # every warm child before a timing
+    err = capsys.readouterr().err
+    assert "prewarm 3/3" in err
+    assert "dit 1152x16 b1 n4096 default failed (exit 3: out of memory at n4096); its timed run compiles it" in err
+    args.prewarm = -1
+    with pytest.raises(sweep.UsageError, match="--prewarm -1: give how many points compile at once"):
+        sweep.run(args)
+
+
 def test_every_sweep_config_has_an_h200_entry():
     """Every DiT point of the grid, in each mode, has a close committed H200 point for every decided op. Skipped,
     listing what is missing, until the H200 sweep's decisions are committed (issue 32, item 2)."""
