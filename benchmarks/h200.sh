@@ -175,7 +175,8 @@ for step in $steps; do
     zoo)  # issue 33: timm, transformers and torchvision models, eager / plain torch.compile / plain again /
       # fullgraph.compile with its rewrites, two batches each, both modes (docs/zoo.md). One device call runs at most
       # 10 minutes: ZOO_ARGS picks a part (ZOO_ARGS="--models timm"), and `bench zoo --from-csv A,B` reads parts together.
-      $py -m fullgraph bench zoo --reps 30 --csv "$OUT/zoo_h200.csv" ${ZOO_ARGS:-} 2>&1 | tee -a "$OUT/zoo_h200.txt" \
+      $py -m fullgraph bench zoo --reps 30 --prewarm "${ZOO_PREWARM:-8}" --csv "$OUT/zoo_h200.csv" ${ZOO_ARGS:-} 2>&1 \
+        | tee -a "$OUT/zoo_h200.txt" \
         | grep -v '^\[' | tail -40
       ;;
     gemm-gelu)  # issue 33: our exact-GELU GEMM's tiles against cuBLAS + Inductor's GELU pass at the ViT MLP shapes

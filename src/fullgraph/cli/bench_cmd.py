@@ -294,6 +294,16 @@ SUITES = {
             ("--approximate-gelu", {"action": "store_true", "help": "let an exact GELU become the tanh form"}),
             ("--small", {"action": "store_true", "help": "tiny stand-in models (a CPU run in seconds)"}),
             (
+                "--prewarm",
+                {
+                    "type": int,
+                    "default": 0,
+                    "metavar": "JOBS",
+                    "help": "first run every model once in JOBS processes at once, timing nothing, so that the timed "
+                    "run loads its graphs from Inductor's cache (default 0: off)",
+                },
+            ),
+            (
                 "--from-csv",
                 {
                     "metavar": "FILE,...",

@@ -126,7 +126,7 @@ def test_prewarm_compiles_every_point_at_once_before_any_is_timed_and_says_a_fai
     assert "prewarm 3/3" in err
     assert "dit 1152x16 b1 n4096 default failed (exit 3: out of memory at n4096); its timed run compiles it" in err
     args.prewarm = -1
-    with pytest.raises(sweep.UsageError, match="--prewarm -1: give how many points compile at once"):
+    with pytest.raises(sweep.UsageError, match="--prewarm -1: give how many processes compile at once"):
         sweep.run(args)
 
 

@@ -166,3 +166,21 @@ def test_failures_are_reported_in_place_and_exit_1(tmp_path, capsys, monkeypatch
     assert "  failed: small/fails b2 default: reference: ValueError: no such shape" in lines
     assert "points: 0 measured, 2 failed" in lines and "Traceback" not in out.out + out.err
     assert "fullgraph bench zoo: failed: 2 point(s) failed: small/unbuilt: build: AttributeError" in out.err
+
+
+def test_prewarm_runs_each_model_once_as_the_timed_run_will_before_timing(tmp_path, monkeypatch):
+    warmed, timed = [], []
+    monkeypatch.setattr(suite, "run_children", lambda children, jobs: warmed.append((list(children), jobs)))
+    monkeypatch.setattr(suite, "_model_points", lambda entry, *a: timed.append(len(warmed)) or iter(()))
+    argv = ["bench", "zoo", "--small", "--prewarm", "3", "--batches", "2", "--rewrites", "patch_gemm",
+            "--approximate-gelu", "--device", "cpu", "--csv", str(tmp_path / "z.csv")]  # fmt: skip
+    main(argv)
+    ((children, jobs),) = warmed
+    assert jobs == 3 and [name for name, _ in children] == [e.name for e in SMALL]
+    assert timed == [1] * len(SMALL)  # every model warmed before the first is timed
+    name, cmd = children[0]
+    flags = dict(zip(cmd[5::2], cmd[6::2], strict=False))
+    assert cmd[1:5] == ["-m", "fullgraph", "bench", "zoo"] and flags["--models"] == name
+    assert flags["--reps"] == "1" and flags["--csv"] == suite.os.devnull and flags["--batches"] == "2"
+    assert flags["--rewrites"] == "patch_gemm" and flags["--device"] == "cpu"
+    assert cmd[-2:] == ["--approximate-gelu", "--small"]

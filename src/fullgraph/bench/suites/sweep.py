@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 
 from fullgraph._files import write_atomic_bytes
+from fullgraph.bench.prewarm import run_children
 from fullgraph.bench.results import Result, read_csv
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
@@ -137,33 +138,9 @@ def _child(p: Point, args, csv: str, reps: int, warm: bool) -> list[str]:
 
 
 def prewarm(points: list[Point], args, jobs: int) -> None:
-    """Every point once, `jobs` child processes at a time, one call per timing round, nothing written: Inductor's
-    caches on this machine then hold each point's graphs for the timed children. A child that fails is said; the
-    point is then compiled by its timed child, as without --prewarm."""
-    if jobs < 1:
-        raise UsageError(f"--prewarm {jobs}: give how many points compile at once, e.g. 8 (0: no prewarm)")
-    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
-    start, pending, running = time.monotonic(), list(points), []
-    with tempfile.TemporaryDirectory() as tmp:
-        while pending or running:
-            while pending and len(running) < jobs:
-                p = pending.pop(0)
-                log = open(os.path.join(tmp, f"{len(pending)}.log"), "w+b")  # noqa: SIM115 (closed below)
-                child = subprocess.Popen(_child(p, args, os.devnull, 1, True), stdout=log, stderr=subprocess.STDOUT,
-                                         env=env)  # fmt: skip
-                running.append((p, child, log))
-            time.sleep(0.2)
-            for item in [r for r in running if r[1].poll() is not None]:
-                p, child, log = item
-                running.remove(item)
-                done = len(points) - len(pending) - len(running)
-                say = f"[{time.monotonic() - start:7.1f}s] prewarm {done}/{len(points)}: {p.label}"
-                if child.returncode != 0:
-                    log.seek(0)
-                    last = (log.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-                    say += f" failed (exit {child.returncode}: {last[:200]}); its timed run compiles it"
-                log.close()
-                print(say, file=sys.stderr, flush=True)
+    """Every point once, `jobs` child processes at a time, one call per timing round, nothing written
+    (`fullgraph.bench.prewarm`)."""
+    run_children([(p.label, _child(p, args, os.devnull, 1, True)) for p in points], jobs)
 
 
 def run_point(p: Point, args) -> list[Result]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 import fullgraph.compile
+from fullgraph.bench.prewarm import run_children
 from fullgraph.bench.results import Result, make_rows, read_csv
 from fullgraph.bench.suites import DTYPES, parse_sizes
 from fullgraph.bench.suites.vit import parse_modes
@@ -200,6 +201,8 @@ def run(args) -> tuple[list[Result], str, str | None]:
             notes.append(f"skipped {', '.join(e.name for e in entries if e.library == lib)}: {why}")
             print(f"zoo: {notes[-1]}", file=sys.stderr, flush=True)
     runnable = [e for e in entries if not libraries[e.library][1]]
+    if getattr(args, "prewarm", 0):
+        run_children([(e.name, _warm_argv(args, e.name, device)) for e in runnable], args.prewarm)
     progress = Progress(sum(len(batches[e.name]) * len(settings.modes) for e in runnable))
     rows: list[Result] = []
     points: list[Point] = []
@@ -219,6 +222,15 @@ def run(args) -> tuple[list[Result], str, str | None]:
     text = "\n".join([*notes, format_table(HEADERS, table), *summary_lines(points, failed)])
     rows += _summary_rows(points, failed, settings.params())
     return rows, text, (f"{len(failed)} point(s) failed: {failed[0]}" if failed else None)
+
+
+def _warm_argv(args, name: str, device: torch.device) -> list[str]:
+    """The command that runs model `name`'s points as this run will, once per round, keeping nothing (--prewarm)."""
+    argv = [sys.executable, "-m", "fullgraph", "bench", "zoo", "--models", name, "--reps", "1", "--csv", os.devnull,
+            "--device", str(device), "--preset", args.preset, "--rewrites", args.rewrites]  # fmt: skip
+    for flag, value in (("--batches", args.batches), ("--modes", args.modes), ("--dtype", args.dtype)):
+        argv += [flag, value] if value else []
+    return argv + ["--approximate-gelu"] * bool(args.approximate_gelu) + ["--small"] * bool(args.small)
 
 
 def _model_points(entry: Entry, library, batches: tuple[int, ...], settings: Settings, progress: Progress):
