@@ -1,3 +1,4 @@
+import argparse
 import json
 import os
 import re
@@ -318,3 +319,34 @@ def test_x_one_thread_is_the_median_of_the_rounds_ratios_so_a_drift_does_not_rea
     early, late = point(1, [100.0]), point(4, [121.0])
     assert suite.vs_one_thread(late, early) == pytest.approx(1.21)
     assert suite.vs_one_thread(four, None) is None
+
+
+def test_package_kinds_take_turns_round_after_round_so_a_drift_hits_them_alike():
+    said = []
+    example = argparse.Namespace(args=(torch.randn(2, 3),), kwargs={})
+
+    def open_package(path, specs, **options):
+        return (lambda x: x * 3), example
+
+    sources = suite.Sources(None, open_package, None, None, None, said.append)
+    args = argparse.Namespace(target="m.pt2", callable="package,serial,owner", threads="1,2", seconds=0.3,
+                              cold=False, preset=None, cuda_graphs=False, device="cpu", input=[], input_sets=2,
+                              package=None, runners=1, rounds=2)  # fmt: skip
+    rows, text, failed = suite.run(args, sources=sources)
+    assert failed is None and "in 2 rounds" in text and text.count("package, owner thread") == 2  # 2 thread counts
+    turns = [m.split(", round")[0] for m in said if ", round " in m]
+    first = [f"{k}, {n} thread{'s' * (n != 1)}" for k in ("package", "package, serial", "package, owner thread")
+             for n in (1, 2)]  # fmt: skip
+    second = [f"{k}, {n} thread{'s' * (n != 1)}" for k in ("package, owner thread", "package, serial", "package")
+              for n in (1, 2)]  # fmt: skip
+    assert turns == first + second  # every kind's rounds among the others', the order reversed every other round
+    assert {r.params and json.loads(r.params)["rounds"] for r in rows} == {2}
+
+
+def test_each_kind_starts_from_empty_dynamo_caches(tmp_path, monkeypatch):
+    # a kind compiled after another would otherwise inherit its automatic dynamic shapes (bucketed's varied batch)
+    resets, real = [], torch._dynamo.reset
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1) or real())
+    rc, by = bench_load(tmp_path, *SMALL, "--callable", "compiled,plain", "--threads", "1", "--seconds", "0.2")
+    assert rc == 0 and set(by) == {"compiled", "plain"}
+    assert len(resets) >= 2

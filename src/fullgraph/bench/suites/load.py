@@ -260,6 +260,11 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
     return lambda: sources.open_package(path, (), **plan.package_options, **serial)[0]
 
 
+def packages_only(plan: Plan) -> set[str]:
+    """The kinds that load a package and compile nothing in this process (so several can be timed in turns)."""
+    return {"package", "serial", "owner"} | ({"locked"} if plan.target.endswith(".pt2") else set())
+
+
 def _owned(plan: Plan, loaded: Callable) -> Callable:
     """`loaded` with every call run on one thread of its own, on its caller's CUDA stream."""
     device = torch.device(plan.device)
@@ -435,12 +440,41 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
     with tempfile.TemporaryDirectory(prefix="fullgraph-load-") as work:
         say(f"{plan.target}: the model and its inputs")
         model, example = load_model(plan, sources)
-        for kind in plan.kinds:
+
+        def driver_of(kind: str) -> tuple[Callable[[], Callable], list[Inputs]]:
             say(f"{plan.label(kind)}: the callable")
-            open_callable = opener(plan, kind, model, example, sources, work)
-            sets = input_sets(example, plan.input_sets, shorter=kind == "bucketed")
-            driver, results[kind] = None, []
+            return opener(plan, kind, model, example, sources, work), input_sets(
+                example, plan.input_sets, shorter=kind == "bucketed"
+            )
+
+        def warm(kinds: Sequence[str]) -> None:
+            """The kinds' callables alive together, every (kind, thread count) taking its turn in each round, the
+            kinds' order reversed every other round."""
+            drivers = {}
+            for kind in kinds:
+                open_callable, sets = driver_of(kind)
+                torch._dynamo.reset()  # Dynamo's code caches outlive a callable: a fresh one starts from none
+                drivers[kind] = Driver(open_callable(), sets, device)
+            rounds: dict[tuple[str, int], list[Round]] = {(k, n): [] for k in kinds for n in plan.threads}
+            for r in range(plan.rounds):
+                for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                    for n in plan.threads:
+                        got = time_round(plan, drivers[kind], n, r, say)
+                        rounds[(kind, n)].append(got)
+                        say(f"{plan.label(kind)}, {n} thread{'s' * (n != 1)}, round {r + 1}: "
+                            f"{got.timed.calls / got.wall_s:.1f} calls/s")  # fmt: skip
+            for kind in kinds:
+                results[kind] = []
+                for n in plan.threads:
+                    done(kind, point_of(drivers[kind], n, rounds[(kind, n)], (Tally(), None), say))
+
+        together = not plan.cold and len(plan.kinds) > 1 and set(plan.kinds) <= packages_only(plan)
+        if together:  # packages: no Dynamo state between them, so their rounds interleave (a drift hits all alike)
+            warm(plan.kinds)
+        for kind in () if together else plan.kinds:
             if plan.cold:  # a fresh callable per thread count, its first calls from all threads at once
+                open_callable, sets = driver_of(kind)
+                results[kind] = []
                 for n in plan.threads:
                     driver = None
                     torch._dynamo.reset()  # Dynamo's code caches outlive a callable: a fresh one starts from none
@@ -448,17 +482,9 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
                     say(f"{n} thread{'s' * (n != 1)}: the first call from all at once (cold), then references")
                     cold = driver.cold(n)
                     done(kind, point_of(driver, n, [time_round(plan, driver, n, 0, say)], cold, say))
+                driver = None
             else:  # one callable; the thread counts take turns, round after round
-                driver = Driver(open_callable(), sets, device)
-                rounds: dict[int, list[Round]] = {n: [] for n in plan.threads}
-                for r in range(plan.rounds):
-                    for n in plan.threads:
-                        rounds[n].append(time_round(plan, driver, n, r, say))
-                        say(f"{n} thread{'s' * (n != 1)}, round {r + 1}: "
-                            f"{rounds[n][-1].timed.calls / rounds[n][-1].wall_s:.1f} calls/s")  # fmt: skip
-                for n in plan.threads:
-                    done(kind, point_of(driver, n, rounds[n], (Tally(), None), say))
-            driver = None  # the next kind's memory readings start without this one's graphs
-            if device.type == "cuda":
+                warm([kind])
+            if device.type == "cuda":  # the next kind's memory readings start without this one's graphs
                 torch.cuda.empty_cache()
     return report(plan, example, results)
