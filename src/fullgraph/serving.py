@@ -217,14 +217,12 @@ class OwnerThread:
         if thread is None or self._pid != os.getpid():
             self._start()
         stream = torch.cuda.current_stream(self._cuda_index) if self._cuda_index is not None else None
-        job = [args, kwargs, stream, torch.is_grad_enabled(), None, None, threading.Lock()]
-        done = job[6]
-        done.acquire()
+        job = _Job(args, kwargs, stream, torch.is_grad_enabled())
         self._queue.put(job)
-        done.acquire()  # released by the owner once the call has returned or raised
-        if job[5] is not None:
-            raise job[5]
-        return job[4]
+        job.done.acquire()  # released by the owner once the call has returned or raised
+        if job.error is not None:
+            raise job.error
+        return job.result
 
     def _start(self) -> None:
         with self._start_lock:
@@ -240,6 +238,19 @@ class OwnerThread:
             self._thread, self._pid = thread, os.getpid()
 
 
+class _Job:
+    """One call handed to an owner thread; `done` is held until the owner has set `result` or `error`."""
+
+    __slots__ = ("args", "done", "error", "grad", "kwargs", "result", "stream")
+
+    def __init__(self, args: tuple, kwargs: dict, stream: Any, grad: bool) -> None:
+        self.args, self.kwargs, self.stream, self.grad = args, kwargs, stream, grad
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Lock()
+        self.done.acquire()
+
+
 def _own(fn: Callable[..., Any], jobs: queue.SimpleQueue, on_start: Callable[[], None] | None) -> None:
     """The owner's loop (a function, so that the thread holds no reference to its OwnerThread)."""
     error: BaseException | None = None
@@ -252,20 +263,20 @@ def _own(fn: Callable[..., Any], jobs: queue.SimpleQueue, on_start: Callable[[],
     # compares unequal to nothing when the other side is None (`stream != None` is False), which once left every
     # call on the owner's default stream
     while (job := jobs.get()) is not None:
-        args, kwargs, stream, grad = job[0], job[1], job[2], job[3]
         try:
             if error is not None:
                 raise error
+            stream = job.stream
             if stream is not None and (stream.stream_id, stream.device_index) != current:
                 torch.cuda.set_stream(stream)
                 current = (stream.stream_id, stream.device_index)
-            with torch.set_grad_enabled(grad):
-                job[4] = fn(*args, **kwargs)
+            with torch.set_grad_enabled(job.grad):
+                job.result = fn(*job.args, **job.kwargs)
         except BaseException as e:
-            job[5] = e
+            job.error = e
         finally:
-            job[0] = job[1] = None
-            job[6].release()
+            job.args = job.kwargs = None
+            job.done.release()
 
 
 class CallGuard:

@@ -351,9 +351,14 @@ class PackageCall:
         return self.loader.get_metadata()
 
 
+def _device(meta: Mapping[str, str]) -> torch.device:
+    """The device a package was exported for, as its metadata records it."""
+    return torch.device(meta.get("AOTI_DEVICE_KEY") or "cpu")
+
+
 def _cuda_index(meta: Mapping[str, str]) -> int | None:
     """The CUDA device a package runs on (its own index, or the current device), None for a CPU package."""
-    device = torch.device(meta.get("AOTI_DEVICE_KEY") or "cpu")
+    device = _device(meta)
     if device.type != "cuda":
         return None
     return torch.cuda.current_device() if device.index is None else device.index
@@ -420,7 +425,7 @@ class LoadedPackage:
         # the package's CUDA device: bound on each calling thread (serving.bind_cuda_context)
         self._cuda_index = _cuda_index(self.metadata)
         with contextlib.suppress(Exception):  # the baseline of the device's out-of-memory count (a CUDA package)
-            self._ooms.start(torch.device(self.metadata.get("AOTI_DEVICE_KEY") or "cpu"))
+            self._ooms.start(_device(self.metadata))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The model's output. Callable from many threads at once: the AOTInductor runner is (0 wrong of 200 calls

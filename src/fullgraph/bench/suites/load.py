@@ -70,7 +70,8 @@ KINDS = {
     "writes by hand, the floor fullgraph's callables must not fall below (a .pt2 TARGET: the package behind one lock)",
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
-PACKAGE_KINDS = {"package", "serial", "owner", "locked"}  # what a .pt2 TARGET runs as
+PACKAGE_LOADS = ("package", "serial", "owner")  # the kinds that load a package (exported here for a Python TARGET)
+PACKAGE_KINDS = {*PACKAGE_LOADS, "locked"}  # what a .pt2 TARGET runs as
 INPUT_SETS = 8
 DEFAULT_ROUNDS = 3  # warm: two ~3% drifts in one run moved x 1 thread of one package from 0.89 to 1.13 (H100)
 WARMUP_CALLS = 3  # in one thread: compile, then record or capture a CUDA graph (reduce-overhead, GraphedCall)
@@ -130,9 +131,7 @@ class Plan:
         if self.runners != 1 and ("package" not in self.kinds or self.cuda_graphs or "serial" in self.kinds):
             raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package without "
                              "--cuda-graphs, and not beside serial (one instance by design)")  # fmt: skip
-        if self.package is not None and (
-            not {"package", "serial", "owner"} & set(self.kinds) or not self.package.endswith(".pt2")
-        ):
+        if self.package is not None and (not set(PACKAGE_LOADS) & set(self.kinds) or not self.package.endswith(".pt2")):
             raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package, serial or owner")
         fg_compile.get_preset(self.preset)  # an unknown name is a UsageError listing the presets
 
@@ -209,11 +208,9 @@ def load_model(plan: Plan, sources: Sources) -> tuple[Any, Inputs]:
     model, example = sources.load_target(plan.target, plan.input_specs, torch.device(plan.device))
     x = _pair(example)
     for kind in plan.kinds:
-        if kind in ("compiled", "bucketed", "precompiled", "package", "serial", "owner") and not isinstance(
-            model, torch.nn.Module
-        ):
+        if kind in ("compiled", "bucketed", "precompiled", *PACKAGE_LOADS) and not isinstance(model, torch.nn.Module):
             raise UsageError(f"--callable {kind} takes an nn.Module; {plan.target} returned {type(model).__name__}")
-        if kind in ("precompiled", "package", "serial", "owner") and x[1]:
+        if kind in ("precompiled", *PACKAGE_LOADS) and x[1]:
             raise UsageError(f"--callable {kind} takes positional inputs only; {plan.target} has keyword inputs")
     return model, x
 
@@ -260,9 +257,13 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
     return lambda: sources.open_package(path, (), **plan.package_options, **serial)[0]
 
 
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' * (n != 1)}"
+
+
 def packages_only(plan: Plan) -> set[str]:
     """The kinds that load a package and compile nothing in this process (so several can be timed in turns)."""
-    return {"package", "serial", "owner"} | ({"locked"} if plan.target.endswith(".pt2") else set())
+    return set(PACKAGE_LOADS) | ({"locked"} if plan.target.endswith(".pt2") else set())
 
 
 def _owned(plan: Plan, loaded: Callable) -> Callable:
@@ -334,9 +335,9 @@ class Round:
 
 def time_round(plan: Plan, driver: Driver, n: int, r: int, say: Callable[[str], None]) -> Round:
     """Thread count `n`'s round `r` (0-based): its share of the seconds, timed without checks. The first round
-    of a warm driver warms it up and computes the references in one thread first; a cold point's first calls come
-    from `cold_point`."""
-    threads = f"{n} thread{'s' * (n != 1)}"
+    of a warm driver warms it up and computes the references in one thread first; a cold point's first calls were
+    made by `Driver.cold` before it."""
+    threads = _threads(n)
     if not plan.cold and not driver.refs:
         say(f"warm-up ({WARMUP_CALLS} calls) and references in one thread")
         single("the warm-up", lambda: [driver.call(0) for _ in range(WARMUP_CALLS)])
@@ -351,7 +352,7 @@ def time_round(plan: Plan, driver: Driver, n: int, r: int, say: Callable[[str], 
 def point_of(driver: Driver, n: int, rounds: Sequence[Round], cold: tuple[Tally, float | None],
              say: Callable[[str], None]) -> Point:  # fmt: skip
     """Thread count `n`'s point from its rounds, its outputs checked once they have all run."""
-    say(f"{n} thread{'s' * (n != 1)}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
+    say(f"{_threads(n)}: checking {n * CHECK_ROUNDS * len(driver.sets)} outputs against the references")
     checks = total([cold[0], driver.checked(n)])
     rates = tuple(r.timed.calls / r.wall_s for r in rounds)
     # memory over the point's own calls: each round's threads are new (a server's pool keeps its own: per-thread
@@ -405,7 +406,7 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
                       "start": start, "threads": p.threads, "seconds": plan.seconds, "rounds": plan.rounds,
                       "input_sets": plan.input_sets,
                       **({"error": p.first_error} if p.first_error else {})}  # fmt: skip
-            threads = f"{p.threads} thread{'s' * (p.threads != 1)}"
+            threads = _threads(p.threads)
             rows += make_rows("load", case, f"{variant}, {threads}", metrics, params)
             growth = "n/a" if p.growth is None else f"{p.growth:+.1%}"
             table.append([plan.label(kind), p.threads, p.calls_per_s, p.timed.items / p.wall_s, ratio, p50, p99,
@@ -433,7 +434,7 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
     def done(kind: str, point: Point) -> None:
         results[kind].append(point)
         # each point as it ends: a process that dies later (a CUDA abort in torch) still leaves its figures
-        threads = f"{point.threads} thread{'s' * (point.threads != 1)}"
+        threads = _threads(point.threads)
         say(f"{plan.label(kind)}, {threads}: {point.calls_per_s:.1f} calls/s, {point.checks.wrong} wrong of "
             f"{point.checks.checked}, {point.exceptions} exceptions")  # fmt: skip
 
@@ -461,7 +462,7 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
                     for n in plan.threads:
                         got = time_round(plan, drivers[kind], n, r, say)
                         rounds[(kind, n)].append(got)
-                        say(f"{plan.label(kind)}, {n} thread{'s' * (n != 1)}, round {r + 1}: "
+                        say(f"{plan.label(kind)}, {_threads(n)}, round {r + 1}: "
                             f"{got.timed.calls / got.wall_s:.1f} calls/s")  # fmt: skip
             for kind in kinds:
                 results[kind] = []
@@ -479,7 +480,7 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
                     driver = None
                     torch._dynamo.reset()  # Dynamo's code caches outlive a callable: a fresh one starts from none
                     driver = Driver(open_callable(), sets, device)
-                    say(f"{n} thread{'s' * (n != 1)}: the first call from all at once (cold), then references")
+                    say(f"{_threads(n)}: the first call from all at once (cold), then references")
                     cold = driver.cold(n)
                     done(kind, point_of(driver, n, [time_round(plan, driver, n, 0, say)], cold, say))
                 driver = None
