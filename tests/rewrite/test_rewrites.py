@@ -263,6 +263,15 @@ def test_a_rewrite_that_fails_is_reported_and_the_compile_goes_on(monkeypatch):
     assert (out.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
 
 
+def test_patch_gemm_auto_takes_the_kinds_measured_and_no_other():
+    from fullgraph.rewrite.patch import measured
+
+    # ViT-B/16's and CLIP-L/14's patch embeddings, ConvNeXt's and Swin's 4x4 stems, ConvNeXt-T's 2x2 downsamplings
+    assert all(measured(c, k, k) for c, k in ((3, 16), (3, 14), (3, 4), (1, 8), (96, 2), (192, 2), (384, 2)))
+    # 2x2 patches of an image, a 2x2 downsampling of ConvNeXt-B's widest map, a 4x4 over a feature map: not measured
+    assert not any(measured(c, kh, kw) for c, kh, kw in ((3, 2, 2), (3, 4, 2), (1024, 2, 2), (96, 4, 4), (96, 2, 4)))
+
+
 @pytest.mark.gpu
 def test_on_cuda_auto_takes_both_where_exact_and_follows_the_tf32_settings(monkeypatch):
     torch.manual_seed(8)
@@ -277,11 +286,14 @@ def test_on_cuda_auto_takes_both_where_exact_and_follows_the_tf32_settings(monke
     assert cm.stats.rewrite_counts() == {"patch_gemm": 1}
     _, cm = run(erf, x.to(torch.bfloat16), approximate_gelu=True)
     assert cm.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
-    stem = Vitish(act=TanhGelu(), patch=4).eval().cuda().to(torch.bfloat16)  # a ConvNeXt-like 4x4 stem: not measured
+    stem = Vitish(act=TanhGelu(), patch=4).eval().cuda().to(torch.bfloat16)  # a ConvNeXt-like 4x4 stem: measured
     _, cm = run(stem, x.to(torch.bfloat16))
+    assert cm.stats.rewrite_counts() == {"patch_gemm": 1, "gelu_epilogue": 1}
+    tiny = Vitish(act=TanhGelu(), patch=2).eval().cuda().to(torch.bfloat16)  # 2x2 patches of an image: not measured
+    _, cm = run(tiny, x.to(torch.bfloat16))
     assert cm.stats.rewrite_counts() == {"gelu_epilogue": 1}
     assert any(s.reason.startswith("auto: measured on patch embeddings of images") for s in cm.stats.rewrites_skipped)
-    _, cm = run(stem, x.to(torch.bfloat16), rewrites=["patch_gemm"])
+    _, cm = run(tiny, x.to(torch.bfloat16), rewrites=["patch_gemm"])
     assert cm.stats.rewrite_counts() == {"patch_gemm": 1}
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)

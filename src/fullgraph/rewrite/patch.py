@@ -15,10 +15,14 @@ only when `torch.backends.cuda.matmul.allow_tf32` is (off by default). Rewriting
 convolution for a full-fp32 GEMM: slower and more accurate, another precision than the user asked for. So in fp32
 on a GPU the rewrite applies only where the two settings agree, and says why it skipped otherwise.
 
-`auto` takes it on CUDA for patch embeddings of images, patches of 8x8 or larger over at most 4 channels (H200, timm
-ViT-B/16 bf16, the rewrite applied by hand: 1.09x at batch 256 default mode, 1.14x at 64, 1.16x at batch 4
-reduce-overhead; issue 33): ViT, DeiT, CLIP and torchvision's ViT stems. Not ConvNeXt's or Swin's 4x4 stems and 2x2
-downsampling, nor anything on the CPU, where it was not measured; `rewrites=["patch_gemm"]` forces it anywhere.
+`auto` takes it on CUDA where it was measured in kind (issue 33), and `rewrites=["patch_gemm"]` forces it anywhere:
+- patch embeddings of images, patches of 4x4 or larger over at most 4 channels: ViT, DeiT, CLIP and torchvision's ViT
+  stems (H200, timm ViT-B/16 bf16, applied by hand: 1.09x at batch 256 default mode, 1.14x at 64, 1.16x at batch 4
+  reduce-overhead; H100, `bench zoo`: ViT-S/16 and DeiT-S 1.02-1.27x), ConvNeXt's and Swin's 4x4 stems;
+- 2x2 downsampling of feature maps of at most 384 channels, ConvNeXt's (H100, torch 2.11, bf16, `bench zoo --rewrites
+  patch_gemm`, results/zoo_convnext_swin_patch_forced_h100.csv: convnext_tiny, its stem and three downsamplings,
+  1.02-1.13x over batches 4 and 128 and both modes; swin_tiny, its stem only, 0.99-1.03x, within its noise).
+Not wider feature maps or larger kernels over them, nor anything on the CPU: not measured.
 """
 
 from __future__ import annotations
@@ -44,11 +48,18 @@ def _pair(v: Any) -> tuple[int, ...] | None:
 
 
 Found = tuple[dict[str, Any], str]  # the convolution's arguments, what it becomes
-# Where `auto` takes it: what was measured (ViT-B/16's 3-channel 16x16 patches) and its kind, a patch embedding of an
-# image. A ConvNeXt or Swin stem (4x4) and their 2x2 downsampling of a feature map (many channels: the patch gather is
-# a full copy of it) were not measured: forced only, until `fullgraph bench zoo --rewrites patch_gemm` says they win.
-MEASURED_CHANNELS = 4
-MEASURED_KERNEL = 8
+# Where `auto` takes it: what was measured in kind (module docstring). An image: at most IMAGE_CHANNELS channels in
+# patches of IMAGE_KERNEL or larger. A feature map: 2x2 patches over at most MAP_CHANNELS channels (the patch gather
+# is a full copy of it; ConvNeXt-T's 96-384 measured).
+IMAGE_CHANNELS, IMAGE_KERNEL = 4, 4
+MAP_KERNEL, MAP_CHANNELS = 2, 384
+
+
+def measured(channels: int, kh: int, kw: int) -> bool:
+    """Whether a patch convolution of this kind was measured to win (module docstring)."""
+    if channels <= IMAGE_CHANNELS:
+        return min(kh, kw) >= IMAGE_KERNEL
+    return kh == kw == MAP_KERNEL and channels <= MAP_CHANNELS
 
 
 def _precision_reason(x: torch.Tensor) -> str | None:
@@ -100,10 +111,11 @@ class PatchGemm(PatternRewrite):
         if why or context.forced:
             return why
         kh, kw = w.shape[2:]
-        if x.shape[1] > MEASURED_CHANNELS or min(kh, kw) < MEASURED_KERNEL:
-            return (f"auto: measured on patch embeddings of images (at most {MEASURED_CHANNELS} channels, patches of "
-                    f"{MEASURED_KERNEL}x{MEASURED_KERNEL} or larger), not on {x.shape[1]} channels in {kh}x{kw} "
-                    "(rewrites=['patch_gemm'] forces it)")  # fmt: skip
+        if not measured(x.shape[1], kh, kw):
+            return (f"auto: measured on patch embeddings of images (at most {IMAGE_CHANNELS} channels, patches of "
+                    f"{IMAGE_KERNEL}x{IMAGE_KERNEL} or larger) and on 2x2 downsampling of at most {MAP_CHANNELS} "
+                    f"channels, not on {x.shape[1]} channels in {kh}x{kw} (rewrites=['patch_gemm'] forces "
+                    "it)")  # fmt: skip
         return None
 
     def replace(self, graph: fx.Graph, node: fx.Node, found: Found) -> None:
