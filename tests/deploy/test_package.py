@@ -15,7 +15,7 @@ import torch
 import fullgraph
 from fullgraph import env
 from fullgraph.compile.graphs import GraphedCall
-from fullgraph.deploy import DeployError, _probe, build, export, inspect_package, load, package, probe
+from fullgraph.deploy import DeployError, _probe, build, direct, export, inspect_package, load, package, probe
 from fullgraph.errors import UsageError
 from fullgraph.serving import OutOfMemoryError, OwnerThread
 from tests.deploy._models import MLP
@@ -297,14 +297,16 @@ def test_bad_runners_are_refused_before_the_file_is_read(tmp_path, kwargs, says)
 
 
 @pytest.mark.gpu
-def test_a_cuda_package_replays_from_a_cuda_graph_and_matches_its_plain_load(tmp_path):
+@pytest.mark.parametrize("release_gil", [False, True], ids=["torch-loader", "gil-released"])
+def test_a_cuda_package_replays_from_a_cuda_graph_and_matches_its_plain_load(tmp_path, release_gil):
     model = MLP(dim=64, hidden=128, out=16).cuda().eval()
     path = export(model, (torch.randn(4, 64, device="cuda"),), tmp_path / "mlp.pt2")
     try:
         plain = load(path)
     except DeployError as e:  # the H200 image's loader crash (DESIGN.md, anchors) stops this test, by name
         pytest.skip(f"this torch cannot load AOTInductor packages here: {e}")
-    graphed = load(path, cuda_graphs=True)
+    graphed = load(path, cuda_graphs=True, release_gil=release_gil)
+    assert isinstance(graphed.graphs.fn, direct.DirectCall) == release_gil
     for _ in range(4):  # first call runs plainly, the second captures, later ones replay
         x = torch.randn(4, 64, device="cuda")
         torch.testing.assert_close(graphed(x), plain(x))
@@ -324,13 +326,14 @@ class NormFirst(torch.nn.Module):
 
 
 @pytest.mark.gpu
-def test_a_package_whose_first_kernel_is_triton_runs_from_a_fresh_thread(tmp_path):
+@pytest.mark.parametrize("release_gil", [False, True], ids=["torch-loader", "gil-released"])
+def test_a_package_whose_first_kernel_is_triton_runs_from_a_fresh_thread(tmp_path, release_gil):
     # H200, torch 2.11: every call from a thread other than the loading one failed ("CUDA driver error: invalid
     # device context") until the package bound the device's context on each calling thread (bind_cuda_context).
     model = NormFirst().cuda().eval()
     with fullgraph.ops.policy(rms_norm="kernel"):
         path = export(model, (torch.randn(4, 64, device="cuda"),), tmp_path / "norm.pt2")
-    loaded = load(path, probe_first=False)
+    loaded = load(path, probe_first=False, release_gil=release_gil)
     inputs = [torch.randn(4, 64, device="cuda") for _ in range(8)]
     with torch.no_grad(), fullgraph.ops.policy(rms_norm="native"):
         refs = [model(x) for x in inputs]
@@ -341,13 +344,18 @@ def test_a_package_whose_first_kernel_is_triton_runs_from_a_fresh_thread(tmp_pat
 
 
 @pytest.mark.gpu
-def test_a_serial_cuda_package_from_threads_on_their_own_streams_gives_each_its_output(tmp_path):
+@pytest.mark.parametrize(
+    "options",
+    [{"serial": True}, {"release_gil": True, "runners": 2}, {"release_gil": True, "serial": True}],
+    ids=["serial", "gil-released-2-runners", "gil-released-serial"],
+)
+def test_a_cuda_package_from_threads_on_their_own_streams_gives_each_its_output(tmp_path, options):
     # serial=True: each call runs on its caller's stream from the package's own thread, so calls made on different
     # streams run on the GPU together; right only if a call's buffers are its own (the runtime allocates them
     # through the caching allocator) and the owner follows each caller's stream
     model = MLP(dim=1024, hidden=4096, out=1024).cuda().eval()
     path = export(model, (torch.randn(256, 1024, device="cuda"),), tmp_path / "wide.pt2")
-    loaded = load(path, probe_first=False, serial=True)
+    loaded = load(path, probe_first=False, **options)
     inputs = [torch.randn(256, 1024, device="cuda") for _ in range(8)]
     with torch.no_grad():
         refs = [model(x) for x in inputs]
@@ -479,9 +487,9 @@ def test_serial_opens_the_runtime_single_threaded_and_runs_every_call_on_one_thr
     opened, inside, most, threads = [], [0], [0], set()
     real = package.open_package
 
-    def open_package(path, device_index, single_threaded=False, runners=1):
+    def open_package(path, device_index, single_threaded=False, runners=1, **rest):
         opened.append(single_threaded)
-        model = real(path, device_index, single_threaded=single_threaded, runners=runners)
+        model = real(path, device_index, single_threaded=single_threaded, runners=runners, **rest)
 
         def run(*args):  # counts the calls inside the runtime at once
             inside[0] += 1
@@ -574,10 +582,11 @@ def test_bench_load_runs_a_package_alone_and_behind_one_lock(mlp_package, tmp_pa
 
     path, _ = mlp_package
     csv = tmp_path / "load.csv"
-    args = ["--callable", "package,locked", "--runners", "2", "--device", "cpu", "--threads", "1,8", "--seconds", "0.3"]
+    kinds = "package,locked,nogil"
+    args = ["--callable", kinds, "--runners", "2", "--device", "cpu", "--threads", "1,8", "--seconds", "0.3"]
     assert main(["bench", "load", str(path), *args, "--csv", str(csv)]) == 0
     got = {(r.variant, r.metric): r.value for r in read_csv(csv)}
-    for variant in ("package, 2 runners, warm", "package, locked, warm"):
+    for variant in ("package, 2 runners, warm", "package, locked, warm", "package, GIL released, 2 runners, warm"):
         assert got[(f"{variant}, 8 threads", "checked")] > 0 and got[(f"{variant}, 8 threads", "wrong")] == 0
         assert got[(f"{variant}, 8 threads", "exceptions")] == 0 and got[(f"{variant}, 8 threads", "calls")] > 0
     assert "package, locked" in capsys.readouterr().out

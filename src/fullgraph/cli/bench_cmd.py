@@ -173,7 +173,8 @@ SUITES = {
                 "--callable",
                 {
                     "help": "what wraps the model, or several in turn (comma-separated): compiled (default), "
-                    "bucketed, precompiled, package (the default for a .pt2), plain (torch.compile) or eager"
+                    "bucketed, precompiled, package (the default for a .pt2), serial, owner, nogil (a package with "
+                    "the GIL released), plain (torch.compile), locked or eager"
                 },
             ),
             ("--package", {"metavar": "FILE.pt2", "help": "the package for --callable package (default: exported)"}),

@@ -34,6 +34,7 @@ import json
 import os
 import struct
 import sys
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -44,7 +45,7 @@ from torch.utils import _pytree as pytree
 from fullgraph import env
 from fullgraph._paths import display_path
 from fullgraph.compile.graphs import GraphedCall
-from fullgraph.deploy import _elf
+from fullgraph.deploy import _elf, direct
 from fullgraph.deploy._calls import OomCount, cuda_device, dynamic_ranges, misfit
 from fullgraph.deploy._common import DeployError, cache_dir, environment, input_signature, open_trusted
 from fullgraph.deploy._probe import PROBE_TIMEOUT_S, exit_text, read_json, remember, run_probe
@@ -369,7 +370,13 @@ def _loader_class() -> Any:
 
 
 def open_package(
-    path: str, device_index: int = -1, model_name: str = "model", single_threaded: bool = False, runners: int = 1
+    path: str,
+    device_index: int = -1,
+    model_name: str = "model",
+    single_threaded: bool = False,
+    runners: int = 1,
+    release_gil: bool = False,
+    metadata: Mapping[str, str] | None = None,
 ) -> Callable:
     """The package's model, loaded by torch's C++ loader (`torch._C._aoti.AOTIModelPackageLoader`) directly. torch's
     `aoti_load_package` first reads the archive through torch.export's PT2 reader in Python: for a 190 MB package on
@@ -381,7 +388,25 @@ def open_package(
     stream is capturing", H200, torch 2.11) and records one: the form to capture, callable from one thread at a
     time. Otherwise the pool holds `runners` instances of the model (AOTInductor's `num_runners`; one set of
     weights, an activation arena each): a call takes a free instance, and with one, a call waits until the previous
-    call's kernels have finished on the GPU before it launches its own."""
+    call's kernels have finished on the GPU before it launches its own.
+
+    `release_gil=True` runs the model through its library's C interface with the GIL released during the run
+    (`fullgraph.deploy.direct`), where the package allows it; otherwise it warns with the reason and loads it as
+    above. `metadata` is the package's, as `_read_package` reads it (its device)."""
+    if release_gil:
+        with zipfile.ZipFile(path) as z:
+            why = direct.unfit(z.namelist(), model_name)
+        if why is None:
+            device = _device(metadata or {}).type
+            try:
+                return direct.DirectCall(
+                    path, device, model_name=model_name, device_index=device_index, runners=runners,
+                    single_threaded=single_threaded, metadata=metadata,
+                )  # fmt: skip
+            except direct.Unfit as e:
+                why = str(e)
+        warnings.warn(f"release_gil=True: {display_path(path)} runs through torch's loader, which holds the GIL: {why}",
+                      stacklevel=3)  # fmt: skip
     loader_class = _loader_class()
     if loader_class is not None:
         try:
@@ -532,6 +557,7 @@ def load(
     runners: int = 1,
     serial: bool = False,
     check_indices: bool = True,
+    release_gil: bool = False,
 ) -> LoadedPackage:
     """Load an AOTInductor package as a callable, without risking this process.
 
@@ -554,6 +580,10 @@ def load(
     table (token ids into an embedding, as `export` records): a value outside the table is a UsageError naming the
     input, where the compiled code would abort the process (CPU) or its CUDA context (GPU). It costs one reduction
     and one device sync per such input; a package with none pays nothing.
+    `release_gil=True` calls the model's library through its C interface, with the GIL released while it runs
+    (`fullgraph.deploy.direct`): torch's loader holds the GIL through the whole run, so another thread can do nothing
+    while one call launches its kernels. Same outputs, same errors; a package that needs torch's proxy executor or
+    keeps its weights outside its library loads as before, with a warning saying why.
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
@@ -589,7 +619,8 @@ def load(
     # inputs of other shapes, dtypes or devices than exported fails by name instead of computing garbage.
     os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     try:
-        model = open_package(path, device_index, single_threaded=cuda_graphs or serial, runners=runners)
+        model = open_package(path, device_index, single_threaded=cuda_graphs or serial, runners=runners,
+                             release_gil=release_gil, metadata=meta)  # fmt: skip
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
     if cuda_graphs:

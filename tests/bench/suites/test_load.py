@@ -141,13 +141,14 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
         (("--cuda-graphs",), "--cuda-graphs replays a package's calls"),
         (("--preset", "fastest"), "fastest"),
         (("--input-sets", "0"), "--input-sets 0"),
-        (("--runners", "2"), "--runners 2: a package's model instances, for --callable package without"),
+        (("--runners", "2"), "--runners 2: a package's model instances, for --callable package or nogil"),
         (("--callable", "package", "--cuda-graphs", "--runners", "2"), "--runners 2: a package's model instances"),
         (("--rounds", "0"), "--rounds 0: give 1 or more"),
         (("--cold", "--rounds", "2"), "--rounds 2: a cold run measures each thread count once"),
         (("--callable", "package,serial", "--runners", "2"), "and not beside serial (one instance by design)"),
-        (("--callable", "package,serial", "--cuda-graphs"), "--cuda-graphs with --callable serial or owner: a"),
-        (("--callable", "package,owner", "--cuda-graphs"), "--cuda-graphs with --callable serial or owner: a"),
+        (("--callable", "package,serial", "--cuda-graphs"), "--cuda-graphs with --callable serial, owner or nogil: a"),
+        (("--callable", "package,owner", "--cuda-graphs"), "--cuda-graphs with --callable serial, owner or nogil: a"),
+        (("--callable", "package,nogil", "--cuda-graphs"), "--cuda-graphs with --callable serial, owner or nogil: a"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
@@ -161,7 +162,8 @@ def test_a_package_file_runs_only_as_a_package(tmp_path, capsys):
     assert main(["bench", "load", str(tmp_path / "model.pt2"), "--callable", "compiled", *FAST]) == 2
     assert (
         "model.pt2 is a package: it runs as --callable package (or serial: single-threaded on its own thread; "
-        "owner: on its own thread; locked: behind one lock), not compiled" in capsys.readouterr().err
+        "owner: on its own thread; nogil: the GIL released; locked: behind one lock), not compiled"
+        in capsys.readouterr().err
     )
 
 

@@ -63,6 +63,8 @@ KINDS = {
     "package": "an AOTInductor package: a .pt2 TARGET, or exported here (minutes on a GPU); with --cuda-graphs",
     "serial": "that package's one model instance run single-threaded (fullgraph.deploy.load(..., serial=True)): "
     "on a thread of its own fed by a queue, no per-call event, no wait inside the runtime for the previous call",
+    "nogil": "that package run through its library's C interface with the GIL released during each run "
+    "(fullgraph.deploy.load(..., release_gil=True)); with --runners",
     "owner": "that package as `package` runs it (the runtime's pool), every call handed to one thread of its own "
     "(fullgraph.serving.OwnerThread around the loaded package)",
     "plain": "torch.compile(model, mode=the preset's mode), for comparison",
@@ -70,7 +72,8 @@ KINDS = {
     "writes by hand, the floor fullgraph's callables must not fall below (a .pt2 TARGET: the package behind one lock)",
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
-PACKAGE_LOADS = ("package", "serial", "owner")  # the kinds that load a package (exported here for a Python TARGET)
+# the kinds that load a package (exported here for a Python TARGET)
+PACKAGE_LOADS = ("package", "serial", "owner", "nogil")
 PACKAGE_KINDS = {*PACKAGE_LOADS, "locked"}  # what a .pt2 TARGET runs as
 INPUT_SETS = 8
 DEFAULT_ROUNDS = 3  # warm: two ~3% drifts in one run moved x 1 thread of one package from 0.89 to 1.13 (H100)
@@ -121,18 +124,22 @@ class Plan:
             raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
         if self.target.endswith(".pt2") and not set(self.kinds) <= PACKAGE_KINDS:
             raise UsageError(f"{self.target} is a package: it runs as --callable package (or serial: single-threaded "
-                             "on its own thread; owner: on its own thread; locked: behind one lock), not "
-                             f"{','.join(self.kinds)}")  # fmt: skip
+                             "on its own thread; owner: on its own thread; nogil: the GIL released; locked: behind one "
+                             f"lock), not {','.join(self.kinds)}")  # fmt: skip
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
-        if self.cuda_graphs and {"serial", "owner"} & set(self.kinds):
-            raise UsageError("--cuda-graphs with --callable serial or owner: a replayed package runs behind its lock; "
-                             "compare them as two runs")  # fmt: skip
-        if self.runners != 1 and ("package" not in self.kinds or self.cuda_graphs or "serial" in self.kinds):
-            raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package without "
-                             "--cuda-graphs, and not beside serial (one instance by design)")  # fmt: skip
+        if self.cuda_graphs and {"serial", "owner", "nogil"} & set(self.kinds):
+            raise UsageError("--cuda-graphs with --callable serial, owner or nogil: a replayed package runs behind its "
+                             "lock; compare them as two runs")  # fmt: skip
+        if self.runners != 1 and (
+            not {"package", "nogil"} & set(self.kinds) or self.cuda_graphs or "serial" in self.kinds
+        ):
+            raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package or nogil "
+                             "without --cuda-graphs, and not beside serial (one instance by design)")  # fmt: skip
         if self.package is not None and (not set(PACKAGE_LOADS) & set(self.kinds) or not self.package.endswith(".pt2")):
-            raise UsageError(f"--package {self.package}: give a FILE.pt2, for --callable package, serial or owner")
+            raise UsageError(
+                f"--package {self.package}: give a FILE.pt2, for --callable package, serial, owner or nogil"
+            )
         fg_compile.get_preset(self.preset)  # an unknown name is a UsageError listing the presets
 
     @property
@@ -155,6 +162,7 @@ class Plan:
             "plain": f"torch.compile {self.mode or 'default'}",
             "serial": "package, serial",
             "owner": "package, owner thread",
+            "nogil": "package, GIL released" + (f", {self.runners} runners" if self.runners != 1 else ""),
             "locked": "package, locked"
             if self.target.endswith(".pt2")
             else f"torch.compile {self.mode or 'default'}, locked",
@@ -224,8 +232,8 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         first = iter([model] if kind == plan.kinds[0] else [])
 
         def package() -> Callable:
-            if kind == "serial":  # its own load: the runtime is opened single-threaded
-                return sources.open_package(plan.target, (), **plan.package_options, serial=True)[0]
+            if kind in ("serial", "nogil"):  # its own load: the runtime opened single-threaded, or called directly
+                return sources.open_package(plan.target, (), **plan.package_options, **_own_load(kind))[0]
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
             return _locked(loaded) if kind == "locked" else _owned(plan, loaded) if kind == "owner" else loaded
 
@@ -246,15 +254,19 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         sources.save_precompiled(model, x[0], path, mode=plan.mode)
         return lambda: sources.load_precompiled(path, model)
     path = plan.package
-    if path is None:  # exported here once, for package, serial and owner alike
+    if path is None:  # exported here once, for every package kind alike
         path = os.path.join(work, "model.pt2")
         if not os.path.exists(path):
             sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
             path = sources.export(model, x[0], path, preset=plan.preset)
-    serial = {"serial": True} if kind == "serial" else {}
     if kind == "owner":
         return lambda: _owned(plan, sources.open_package(path, (), **plan.package_options)[0])
-    return lambda: sources.open_package(path, (), **plan.package_options, **serial)[0]
+    return lambda: sources.open_package(path, (), **plan.package_options, **_own_load(kind))[0]
+
+
+def _own_load(kind: str) -> dict[str, bool]:
+    """What `fullgraph.deploy.load` takes besides the plan's package options for a package kind."""
+    return {"serial": {"serial": True}, "nogil": {"release_gil": True}}.get(kind, {})
 
 
 def _threads(n: int) -> str:
