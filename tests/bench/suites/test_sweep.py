@@ -130,6 +130,33 @@ def test_prewarm_compiles_every_point_at_once_before_any_is_timed_and_says_a_fai
         sweep.run(args)
 
 
+def test_prewarm_under_a_deadline_compiles_and_times_in_batches_that_fit(monkeypatch, capsys):
+    clock, events = [0.0], []
+    monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
+
+    def warm(points, args, jobs):  # a batch's compiles take 60 s, side by side
+        events.append(("warm", [p.label for p in points]))
+        clock[0] += 60.0
+
+    def point(p, args):  # each timed point 20 s
+        events.append(("timed", p.label))
+        clock[0] += 20.0
+        return []
+
+    monkeypatch.setattr(sweep, "prewarm", warm)
+    monkeypatch.setattr(sweep, "run_point", point)
+    args = argparse.Namespace(from_csv=None, modes="default,reduce-overhead", only="dit 1152x16", small=False,
+                              deadline=250.0, write_decisions=None, prewarm=2)  # fmt: skip
+    sweep.run(args)
+    labels = [p.label for p in sweep.grid(False, ("default", "reduce-overhead")) if "dit 1152x16" in p.label]
+    assert len(labels) == 6
+    # batch 1 ends at 100 s, batch 2 at 200 s; a third (2 points at 50 s each) would end at 300 s
+    assert events == [("warm", labels[:2]), ("timed", labels[0]), ("timed", labels[1]),
+                      ("warm", labels[2:4]), ("timed", labels[2]), ("timed", labels[3])]  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"2 point(s) not started; run them with --only '{labels[4]},{labels[5]}'" in err
+
+
 def test_every_sweep_config_has_an_h200_entry():
     """Every DiT point of the grid, in each mode, has a close committed H200 point for every decided op. Skipped,
     listing what is missing, until the H200 sweep's decisions are committed (issue 32, item 2)."""
