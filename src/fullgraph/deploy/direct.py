@@ -153,6 +153,8 @@ class DirectCall:
         self._check(lib.AOTInductorModelContainerGetNumInputs(handle, ctypes.byref(n_in)), "count its inputs")
         self._check(lib.AOTInductorModelContainerGetNumOutputs(handle, ctypes.byref(n_out)), "count its outputs")
         self._n_in, self._n_out = n_in.value, n_out.value
+        self._in_array, self._out_array = _H * self._n_in, _H * self._n_out  # made once: a call fills fresh ones
+        self._capsule_fns = _capsules()
         spec_in, spec_out = ctypes.c_char_p(), ctypes.c_char_p()
         self._check(lib.AOTInductorModelContainerGetCallSpec(handle, ctypes.byref(spec_in), ctypes.byref(spec_out)),
                     "read its call spec")  # fmt: skip
@@ -175,12 +177,15 @@ class DirectCall:
             from torch.export._tree_utils import reorder_kwargs
 
             kwargs = reorder_kwargs(kwargs, self._in)
-        flat = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if kwargs or not all(type(x) is torch.Tensor for x in args):  # plain tensors: the common case, cheaply
+            flat = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        else:
+            flat = args
         if len(flat) != self._n_in:  # before the run takes over the handles, which it does only past this check
             raise RuntimeError(f"expected inputs vector size {self._n_in}, but got {len(flat)} tensor inputs")
-        get, new = _capsules()
-        ins = (_H * self._n_in)(*[get(c, None) for c in torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(flat)])
-        outs = (_H * self._n_out)()
+        get, new = self._capsule_fns
+        ins = self._in_array(*[get(c, None) for c in torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(flat)])
+        outs = self._out_array()
         stream = torch.cuda.current_stream(self.device).cuda_stream if self._cuda else None
         self._check(self._run(self._handle, ins, self._n_in, outs, self._n_out, stream, None), "run")
         tensors = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([new(h, None, None) for h in outs])
