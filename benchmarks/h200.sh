@@ -169,7 +169,7 @@ for step in $steps; do
       [ -s "$pkg" ] || $py -m fullgraph export benchmarks/targets/serve.py:dit_b_1024 --preset perception --no-check \
         -o "$pkg" 2>&1 | tail -2
       $py -m fullgraph bench load "$pkg" --callable "${DIT_THREADS_CALLABLES:-package,nogil,serial}" --threads 1,4 \
-        --seconds "${DIT_THREADS_SECONDS:-24}" --rounds 4 --csv "$OUT/dit_threads_h200.csv" 2>&1 \
+        --seconds "${DIT_THREADS_SECONDS:-24}" --rounds 4 ${DIT_THREADS_ARGS:-} --csv "$OUT/dit_threads_h200.csv" 2>&1 \
         | tee -a "$OUT/dit_threads_h200.txt" | grep -v '^\[' | tail -9
       PYTHONPATH="$PWD/src:$PWD" $py -m pytest -p no:cacheprovider -q tests/compile/test_concurrency.py \
         tests/deploy/test_package.py tests/deploy/test_direct.py -k "owner or serial or thread or gil or direct or \
