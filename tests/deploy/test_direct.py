@@ -39,7 +39,7 @@ def test_the_direct_route_says_which_packages_it_cannot_run(names, says):
 def test_outputs_match_torchs_loader_and_every_thread_gets_its_own(mlp_package):
     path, model = mlp_package
     loaded = load(path, probe_first=False, release_gil=True, runners=2)
-    assert isinstance(loaded._model, direct.DirectCall)
+    assert isinstance(loaded._model, direct.DirectCall) and loaded.gil_released
     reference = load(path, probe_first=False)
     inputs = [torch.randn(4, 8) for _ in range(16)]
     with torch.no_grad():
@@ -90,9 +90,21 @@ def test_a_package_it_cannot_run_loads_through_torch_with_a_warning(mlp_package,
     monkeypatch.setattr(direct, "unfit", lambda names, model_name="model": "it calls ops outside its library")
     with pytest.warns(UserWarning, match=r"release_gil=True: .*mlp\.pt2 runs through torch's loader, .*outside its"):
         loaded = load(path, probe_first=False, release_gil=True)
-    assert not isinstance(loaded._model, direct.DirectCall)
+    assert not isinstance(loaded._model, direct.DirectCall) and not loaded.gil_released
     x = torch.randn(4, 8)
     assert torch.equal(loaded(x), package.open_package(str(path))(x))
+
+
+def test_bench_load_refuses_to_time_nogil_where_the_gil_stays_held(mlp_package, monkeypatch, capsys):
+    from fullgraph.cli.main import main
+
+    path, _ = mlp_package
+    monkeypatch.setattr(direct, "unfit", lambda names, model_name="model": "its weights are stored beside it")
+    argv = ["bench", "load", str(path), "--callable", "nogil", "--device", "cpu", "--threads", "1", "--seconds", "0.2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fullgraph bench: error: --callable nogil: release_gil=True: ")
+    assert err[-1].endswith("runs through torch's loader, which holds the GIL: its weights are stored beside it")
 
 
 class Heavy(torch.nn.Module):

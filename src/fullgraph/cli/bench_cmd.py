@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import os
 import sys
+import warnings
 
 from fullgraph.cli._args import TARGET_HELP
 
@@ -346,9 +347,17 @@ def _load_sources(args):
     from fullgraph.cli.export_cmd import recorded_specs
     from fullgraph.cli.progress import progress_reporter
     from fullgraph.diagnose.target import inputs_from_specs, load_target
+    from fullgraph.errors import UsageError
 
     def open_package(path, specs, **options):
-        loaded = deploy.load(path, **options)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            loaded = deploy.load(path, **options)
+        if options.get("release_gil") and not loaded.gil_released:  # nogil measured as the GIL held: refused
+            why = next((str(w.message) for w in said if "release_gil" in str(w.message)), "")
+            raise UsageError(f"--callable nogil: {why or 'the package runs through torch loader'}")
+        for w in said:  # the rest, as they would have been shown
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")
         return loaded, inputs_from_specs(specs or recorded_specs(loaded, os.path.basename(path)), device)
 

@@ -432,12 +432,15 @@ class LoadedPackage:
         custom_ops: Sequence[str] = (),
         verdict: Mapping[str, Any] | None = None,
         check_indices: bool = True,
+        gil_released: bool = False,
     ):
         self.path, self.sha256, self.metadata = path, sha256, dict(metadata)
         self.custom_ops = tuple(custom_ops)  # ops the package calls through Python ("fullgraph::rms_norm", ...)
         self.verdict = verdict  # the probe's (`probe`), or None when it was skipped
         self._model = model
         self._graphed = isinstance(model, GraphedCall)
+        # whether each run releases the GIL (`load(..., release_gil=True)` where the package allows it)
+        self.gil_released = gil_released
         # the forward's parameter names of the exported inputs, to call it by keyword as the model was
         self._names = tuple(recorded(self.metadata, "args", list))
         # the tensor inputs that index a table, by their index among the tensor inputs: {index: (lowest, highest)}
@@ -623,6 +626,7 @@ def load(
                              release_gil=release_gil, metadata=meta)  # fmt: skip
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
+    released = isinstance(model, direct.DirectCall)
     if cuda_graphs:
         model = GraphedCall(model, name=os.path.basename(path))
     elif serial:
@@ -631,4 +635,5 @@ def load(
             model, cuda_index=index, on_start=None if index is None else functools.partial(bind_cuda_context, index),
             name=f"fullgraph {os.path.basename(path)}",
         )  # fmt: skip
-    return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict, check_indices=check_indices)
+    return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict, check_indices=check_indices,
+                         gil_released=released)  # fmt: skip
