@@ -590,3 +590,37 @@ def test_bench_load_runs_a_package_alone_and_behind_one_lock(mlp_package, tmp_pa
         assert got[(f"{variant}, 8 threads", "checked")] > 0 and got[(f"{variant}, 8 threads", "wrong")] == 0
         assert got[(f"{variant}, 8 threads", "exceptions")] == 0 and got[(f"{variant}, 8 threads", "calls")] > 0
     assert "package, locked" in capsys.readouterr().out
+
+
+def test_builds_of_one_graph_take_turns_and_a_damaged_build_is_not_written(tmp_path, monkeypatch):
+    import fcntl
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    x = torch.randn(4, 8)
+    programs = [torch.export.export(m.eval(), (x,)) for m in (MLP(), MLP())]  # two weights, one graph
+    other = torch.export.export(MLP(dim=16).eval(), (torch.randn(4, 16),))
+    assert build.build_key(programs[0], {}) == build.build_key(programs[1], {})
+    assert build.build_key(programs[0], {}) != build.build_key(other, {})
+    assert build.build_key(programs[0], {}) != build.build_key(programs[0], {"max_autotune": True})
+    lock = Path(build.cache_dir()) / "builds" / f"{build.build_key(programs[0], {})[:32]}.lock"
+
+    def held() -> bool:  # whether another process's build of this graph would wait now
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    with build.build_lock(programs[1], {}):
+        assert held()
+    assert not held()
+    # what a build racing another wrote: an empty metadata JSON in an otherwise whole package
+    damaged = fake_package(tmp_path / "damaged.pt2")
+    with zipfile.ZipFile(damaged, "a") as z:
+        z.writestr("damaged/data/aotinductor/model/abc.wrapper_metadata.json", "")
+    with pytest.raises(DeployError, match=r"out\.pt2: the build wrote a damaged abc\.wrapper_metadata\.json .*not "
+                       r"written\. Another process building the same model"):  # fmt: skip
+        build._check_built(str(damaged), str(tmp_path / "out.pt2"))

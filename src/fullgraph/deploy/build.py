@@ -4,6 +4,8 @@ versions and inputs that `fullgraph.deploy.package.load` checks (see that module
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import inspect
 import json
 import linecache
@@ -12,15 +14,15 @@ import re
 import shutil
 import sys
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 import fullgraph.ops  # noqa: F401 - compiling here: our ops registered and torch's compile caches tagged first
-from fullgraph._files import disk_full, temp_dir_beside
-from fullgraph._paths import display_path
+from fullgraph._files import disk_full, locked, temp_dir_beside
+from fullgraph._paths import cache_dir, display_path
 from fullgraph.compile.dynamic import _render, _root, check_dynamic_spec
 from fullgraph.compile.options import resolve
 from fullgraph.deploy import package
@@ -106,9 +108,20 @@ def _lowerbound(declared: Mapping[str, Mapping[str, list[int]]]) -> dict[str, An
 
 def _check_built(built: str, path: str) -> None:
     """Refuse a package whose library still carries libstdc++ (a torch without the setting, or a compiler that
-    ignores it): it would crash wherever it is loaded."""
+    ignores it): it would crash wherever it is loaded. And one whose JSON files do not parse: what a build of the
+    same model racing another process's wrote before `build_lock` (an empty `*_metadata.json`)."""
     with zipfile.ZipFile(built) as z:
         libraries = package.libraries_in(z, z.namelist())
+        for name in z.namelist():
+            if name.endswith(".json"):
+                try:
+                    json.loads(z.read(name))
+                except ValueError as e:
+                    raise DeployError(
+                        f"{display_path(path)}: the build wrote a damaged {name.rsplit('/', 1)[-1]} ({first_line(e)}); "
+                        "not written. Another process building the same model into the same Inductor cache at once? "
+                        "Export again"
+                    ) from None
     cxx = torch._inductor.config.cpp.cxx[-1]
     package.check_libraries(
         display_path(path),
@@ -185,10 +198,11 @@ def export(
     # by the next export to the same path (fullgraph._files.sweep_stale).
     work = temp_dir_beside(path)
     try:
-        built = torch._inductor.aoti_compile_and_package(
-            program, package_path=os.path.join(work, os.path.basename(path)), inductor_configs=configs
-        )
-        _check_built(built, path)
+        with build_lock(program, configs):
+            built = torch._inductor.aoti_compile_and_package(
+                program, package_path=os.path.join(work, os.path.basename(path)), inductor_configs=configs
+            )
+            _check_built(built, path)
         os.chmod(built, 0o644)
         os.replace(built, path)
     except Exception as e:  # a full disk during the build is named as such; the rest as it comes
@@ -199,6 +213,35 @@ def export(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return path
+
+
+def build_key(program: Any, configs: Mapping[str, Any]) -> str:
+    """What two builds that would write the same files in Inductor's cache share: the exported graph's code and its
+    inputs' shapes (not the weights' values: the generated code and its file names do not depend on them) and the
+    build's settings."""
+    inputs = [  # every input's shape, dtype and device, the weights' included (lifted into inputs by export)
+        [str(getattr(v, "shape", v)), str(getattr(v, "dtype", "")), str(getattr(v, "device", ""))]
+        for n in program.graph.nodes
+        if n.op == "placeholder"
+        for v in [n.meta.get("val")]
+    ]
+    text = json.dumps([program.graph_module.code, inputs, str(program.call_spec),
+                       repr(sorted(configs.items(), key=str)), torch.__version__], default=str)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def build_lock(program: Any, configs: Mapping[str, Any]) -> Iterator[None]:
+    """Held around one package build: builds of the same graph with the same settings, in any process of this
+    machine, run one at a time. torch's AOTInductor writes a build's files (the wrapper code, its metadata JSON, the
+    library) under names taken from the code in its cache folder, so two processes building the same model at once
+    write the same files, and one can package the other's half-written file: 1 package of 12 held an empty
+    `*_metadata.json` when four processes exported one MLP at once (2-core CPU, torch 2.13), and loading it
+    failed. Other graphs build in parallel. Where the cache folder cannot be written, no lock."""
+    with contextlib.ExitStack() as held:
+        with contextlib.suppress(OSError):
+            held.enter_context(locked(os.path.join(cache_dir(), "builds", build_key(program, configs)[:32])))
+        yield
 
 
 def inputs_by_position(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
