@@ -582,11 +582,12 @@ def test_bench_load_runs_a_package_alone_and_behind_one_lock(mlp_package, tmp_pa
 
     path, _ = mlp_package
     csv = tmp_path / "load.csv"
-    kinds = "package,locked,nogil"
-    args = ["--callable", kinds, "--runners", "2", "--device", "cpu", "--threads", "1,8", "--seconds", "0.3"]
+    kinds = "package,locked,nogil,nogil-serial"
+    args = ["--callable", kinds, "--device", "cpu", "--threads", "1,8", "--seconds", "0.3"]
     assert main(["bench", "load", str(path), *args, "--csv", str(csv)]) == 0
     got = {(r.variant, r.metric): r.value for r in read_csv(csv)}
-    for variant in ("package, 2 runners, warm", "package, locked, warm", "package, GIL released, 2 runners, warm"):
+    kinds = ("package", "package, locked", "package, GIL released", "package, serial, GIL released")
+    for variant in (f"{k}, warm" for k in kinds):
         assert got[(f"{variant}, 8 threads", "checked")] > 0 and got[(f"{variant}, 8 threads", "wrong")] == 0
         assert got[(f"{variant}, 8 threads", "exceptions")] == 0 and got[(f"{variant}, 8 threads", "calls")] > 0
     assert "package, locked" in capsys.readouterr().out

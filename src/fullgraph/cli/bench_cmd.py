@@ -355,7 +355,7 @@ def _load_sources(args):
             loaded = deploy.load(path, **options)
         if options.get("release_gil") and not loaded.gil_released:  # nogil measured as the GIL held: refused
             why = next((str(w.message) for w in said if "release_gil" in str(w.message)), "")
-            raise UsageError(f"--callable nogil: {why or 'the package runs through torch loader'}")
+            raise UsageError(f"--callable nogil or nogil-serial: {why or 'the package runs through torch loader'}")
         for w in said:  # the rest, as they would have been shown
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")

@@ -65,6 +65,7 @@ KINDS = {
     "on a thread of its own fed by a queue, no per-call event, no wait inside the runtime for the previous call",
     "nogil": "that package run through its library's C interface with the GIL released during each run "
     "(fullgraph.deploy.load(..., release_gil=True)); with --runners",
+    "nogil-serial": "serial with the GIL released during each run (load(..., serial=True, release_gil=True))",
     "owner": "that package as `package` runs it (the runtime's pool), every call handed to one thread of its own "
     "(fullgraph.serving.OwnerThread around the loaded package)",
     "plain": "torch.compile(model, mode=the preset's mode), for comparison",
@@ -73,7 +74,8 @@ KINDS = {
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper)",
 }
 # the kinds that load a package (exported here for a Python TARGET)
-PACKAGE_LOADS = ("package", "serial", "owner", "nogil")
+PACKAGE_LOADS = ("package", "serial", "owner", "nogil", "nogil-serial")
+SERIAL = {"serial", "nogil-serial"}  # one model instance by design: no --runners
 PACKAGE_KINDS = {*PACKAGE_LOADS, "locked"}  # what a .pt2 TARGET runs as
 INPUT_SETS = 8
 DEFAULT_ROUNDS = 3  # warm: two ~3% drifts in one run moved x 1 thread of one package from 0.89 to 1.13 (H100)
@@ -128,11 +130,11 @@ class Plan:
                              f"lock), not {','.join(self.kinds)}")  # fmt: skip
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
-        if self.cuda_graphs and {"serial", "owner", "nogil"} & set(self.kinds):
+        if self.cuda_graphs and {"serial", "owner", "nogil", "nogil-serial"} & set(self.kinds):
             raise UsageError("--cuda-graphs with --callable serial, owner or nogil: a replayed package runs behind its "
                              "lock; compare them as two runs")  # fmt: skip
         if self.runners != 1 and (
-            not {"package", "nogil"} & set(self.kinds) or self.cuda_graphs or "serial" in self.kinds
+            not {"package", "nogil"} & set(self.kinds) or self.cuda_graphs or SERIAL & set(self.kinds)
         ):
             raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package or nogil "
                              "without --cuda-graphs, and not beside serial (one instance by design)")  # fmt: skip
@@ -161,6 +163,7 @@ class Plan:
             else "package" + (f", {self.runners} runners" if self.runners != 1 else ""),
             "plain": f"torch.compile {self.mode or 'default'}",
             "serial": "package, serial",
+            "nogil-serial": "package, serial, GIL released",
             "owner": "package, owner thread",
             "nogil": "package, GIL released" + (f", {self.runners} runners" if self.runners != 1 else ""),
             "locked": "package, locked"
@@ -232,7 +235,7 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         first = iter([model] if kind == plan.kinds[0] else [])
 
         def package() -> Callable:
-            if kind in ("serial", "nogil"):  # its own load: the runtime opened single-threaded, or called directly
+            if kind in (*SERIAL, "nogil"):  # its own load: the runtime opened single-threaded, or called directly
                 return sources.open_package(plan.target, (), **plan.package_options, **_own_load(kind))[0]
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
             return _locked(loaded) if kind == "locked" else _owned(plan, loaded) if kind == "owner" else loaded
@@ -266,7 +269,8 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
 
 def _own_load(kind: str) -> dict[str, bool]:
     """What `fullgraph.deploy.load` takes besides the plan's package options for a package kind."""
-    return {"serial": {"serial": True}, "nogil": {"release_gil": True}}.get(kind, {})
+    return {"serial": {"serial": True}, "nogil": {"release_gil": True},
+            "nogil-serial": {"serial": True, "release_gil": True}}.get(kind, {})  # fmt: skip
 
 
 def _threads(n: int) -> str:
