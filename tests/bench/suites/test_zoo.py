@@ -33,6 +33,12 @@ def test_small_runs_end_to_end_with_every_variant_its_errors_and_the_rewrites(tm
         assert value[(case, "plain", "over_plain")] == 1
         speedup, again = (value[(case, v, "over_plain")] for v in ("fullgraph", "plain again"))
         assert value[(case, "fullgraph", "loss")] == float(suite.is_loss(speedup, again))
+        # what each compiled variant's first call compiled, from Dynamo's counters: one graph and no break for
+        # plain and fullgraph (the rewrites change a graph's code, not how many there are); plain again, another
+        # instance of plain's class under the same backend, runs plain's compiled code; nothing compiled while timed
+        graphs = {v: (value[(case, v, "graphs")], value[(case, v, "graph_breaks")]) for v in suite.COMPILED}
+        assert graphs == {"plain": (1, 0), "plain again": (0, 0), "fullgraph": (1, 0)}, case
+        assert value[(case, "fullgraph", "compiled_while_timed")] == 0 and value[(case, "fullgraph", "fell_back")] == 0
     # the patch embedding as a GEMM, fc1 + the exact GELU as one addmm (erf on the CPU: the model's own GELU)
     assert value[("small/patch_mlp b2 default", "fullgraph", "rewrite_patch_gemm")] == 1
     assert value[("small/patch_mlp b2 default", "fullgraph", "rewrite_gelu_epilogue")] == 1
@@ -108,6 +114,13 @@ def test_a_slowed_fullgraph_is_flagged_in_the_table_and_the_summary():
         lines[2] == "median fullgraph / plain: 0.971x over all points; 1.101x over the 2 points where a rewrite applied"
     )
     assert lines[3] == "  failed: m b64 default: OutOfMemoryError: ..."
+    split = point(plain=1.0, again=1.0, ours=2.0)  # what ResNet-50 at b4 looked like; these say why, where it is so
+    split.graphs = {"plain": (1, 0), "plain again": (1, 0), "fullgraph": (3, 2)}
+    split.compiled_while_timed = 4
+    assert suite.summary_lines([split, fast], failed=[])[3:] == [
+        "  note: m b4 default: fullgraph compiled 3 graph(s) with 2 break(s), plain 1 with 0",
+        "  note: m b4 default: 4 graph(s) compiled during the timed rounds",
+    ]
 
 
 def test_select_takes_model_and_library_names_in_the_catalogs_order():

@@ -72,6 +72,11 @@ class Point:
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (lowest, highest) round
     errors: dict[str, float] = field(default_factory=dict)
     rewrites: dict[str, int] = field(default_factory=dict)
+    # compiled variant -> (graphs, graph breaks) its first call compiled: a variant split where another is not.
+    # "plain again" compiles none: Dynamo runs plain's code for another instance of its class under its backend
+    graphs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    compiled_while_timed: int = 0  # graphs compiled during the timed rounds (any variant): then the times mislead
+    fell_back: str | None = None  # why fullgraph.compile ran the model eagerly, if it did
 
     @property
     def case(self) -> str:
@@ -88,6 +93,19 @@ class Point:
     @property
     def loss(self) -> bool:
         return is_loss(self.speedup, self.again)
+
+    def notes(self) -> list[str]:
+        """What makes this point's comparison suspect: fullgraph's model split where plain's is not, compiles during
+        the timed rounds, an eager fallback."""
+        said = []
+        if "fullgraph" in self.graphs and "plain" in self.graphs and self.graphs["fullgraph"] != self.graphs["plain"]:
+            (g, b), (pg, pb) = self.graphs["fullgraph"], self.graphs["plain"]
+            said.append(f"{self.case}: fullgraph compiled {g} graph(s) with {b} break(s), plain {pg} with {pb}")
+        if self.compiled_while_timed:
+            said.append(f"{self.case}: {self.compiled_while_timed} graph(s) compiled during the timed rounds")
+        if self.fell_back:
+            said.append(f"{self.case}: fullgraph.compile ran the model eagerly: {self.fell_back}")
+        return said
 
     def rewrite_text(self) -> str:
         return ",".join(f"{name}={n}" for name, n in self.rewrites.items()) or "none"
@@ -296,14 +314,28 @@ def _measure(p: Point, models: dict, low: tuple[tuple, dict], expected: torch.Te
     with torch.no_grad():
         for name, fn in calls.items():
             progress("running eager" if name == "eager" else f"compiling {name}")
+            before = _dynamo_counts()
             p.errors[name] = _rel_err(fn(*a, **kw), expected)
+            if name != "eager":
+                after = _dynamo_counts()
+                p.graphs[name] = (after[0] - before[0], after[1] - before[1])
         p.rewrites = ours.stats.rewrite_counts()
+        p.fell_back = ours.stats.fell_back
         progress(f"timing ({ROUNDS} rounds); rewrites: {p.rewrite_text()}")
+        before = _dynamo_counts()
         for group in (COMPILED, ("eager",)):  # eager loads the device another way: rounds of its own
             part = {name: (lambda fn=calls[name]: fn(*a, **kw)) for name in group}
             medians = round_medians(part, device=settings.device, rounds=ROUNDS, reps=settings.reps)
             p.ms |= {name: statistics.median(m) for name, m in medians.items()}
             p.ranges |= {name: (min(m), max(m)) for name, m in medians.items()}
+        p.compiled_while_timed = _dynamo_counts()[0] - before[0]
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graphs compiled, graph breaks) so far in this process, by Dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
 def _release(gpu: bool) -> None:
@@ -320,7 +352,11 @@ def _rows(p: Point, config: dict) -> list[Result]:
         low, high = p.ranges[name]
         metrics = {"median_ms": (p.ms[name], "ms"), "round_min_ms": (low, "ms"), "round_max_ms": (high, "ms"),
                    "over_plain": (p.ms["plain"] / p.ms[name], "x"), "rel_err": (p.errors[name], "")}  # fmt: skip
+        if name in p.graphs:
+            metrics["graphs"], metrics["graph_breaks"] = (float(p.graphs[name][0]), ""), (float(p.graphs[name][1]), "")
         if name == "fullgraph":
+            metrics["compiled_while_timed"] = (float(p.compiled_while_timed), "")
+            metrics["fell_back"] = (float(p.fell_back is not None), "")
             metrics["loss"] = (float(p.loss), "")
             metrics["rewrites_applied"] = (float(sum(p.rewrites.values())), "")
             metrics |= {f"rewrite_{r}": (float(n), "") for r, n in p.rewrites.items()}
@@ -354,6 +390,7 @@ def summary_lines(points: list[Point], failed: list[str]) -> list[str]:
             line += "; no rewrite applied at any point"
         lines.append(line)
     lines += [f"  failed: {f}" for f in failed]
+    lines += [f"  note: {note}" for p in points for note in p.notes()]
     return lines
 
 
@@ -375,6 +412,13 @@ def points_from_rows(rows: list[Result]) -> list[Point]:
             p.ranges[r.variant] = (r.value, high) if r.metric == "round_min_ms" else (low, r.value)
         elif r.metric.startswith("rewrite_"):
             p.rewrites[r.metric.removeprefix("rewrite_")] = int(r.value)
+        elif r.metric in ("graphs", "graph_breaks"):
+            graphs, breaks = p.graphs.get(r.variant, (0, 0))
+            p.graphs[r.variant] = (int(r.value), breaks) if r.metric == "graphs" else (graphs, int(r.value))
+        elif r.metric == "compiled_while_timed":
+            p.compiled_while_timed = int(r.value)
+        elif r.metric == "fell_back" and r.value:
+            p.fell_back = "yes (the run's log says why)"
     return [p for p in points.values() if set(p.ms) >= set(VARIANTS) and set(p.errors) >= set(VARIANTS)]
 
 
