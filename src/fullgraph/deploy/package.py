@@ -394,17 +394,13 @@ def open_package(
     (`fullgraph.deploy.direct`), where the package allows it; otherwise it warns with the reason and loads it as
     above. `metadata` is the package's, as `_read_package` reads it (its device)."""
     if release_gil:
-        with zipfile.ZipFile(path) as z:
-            why = direct.unfit(z.namelist(), model_name)
-        if why is None:
-            device = _device(metadata or {}).type
-            try:
-                return direct.DirectCall(
-                    path, device, model_name=model_name, device_index=device_index, runners=runners,
-                    single_threaded=single_threaded, metadata=metadata,
-                )  # fmt: skip
-            except direct.Unfit as e:
-                why = str(e)
+        try:
+            return direct.DirectCall(
+                path, _device(metadata or {}).type, model_name=model_name, device_index=device_index,
+                runners=runners, single_threaded=single_threaded, metadata=metadata,
+            )  # fmt: skip
+        except direct.Unfit as e:  # `direct.unfit`'s reasons: torch's loader runs it
+            why = str(e)
         warnings.warn(f"release_gil=True: {display_path(path)} runs through torch's loader, which holds the GIL: {why}",
                       stacklevel=3)  # fmt: skip
     loader_class = _loader_class()
