@@ -161,16 +161,20 @@ for step in $steps; do
     dit-threads)  # issue 31: the uncaptured DiT package from 1 and 4 threads: the runtime's pool through torch's
       # loader (`package`, which holds the GIL through each run), the same through the library's C interface with the
       # GIL released (`nogil`, deploy/direct.py), and the single-threaded runtime on the package's own thread
-      # (`serial`, and `nogil-serial` with the GIL released), the thread counts taking turns in 4 rounds (~7 min
-      # with the export); then the GPU tests of those paths.
+      # (`serial`, and `nogil-serial` with the GIL released), the thread counts taking turns in 4 rounds; then
+      # `package` and `nogil` with two model instances (~7 min with the export); then the GPU tests of those paths.
       # Writes $OUT/dit_threads_h200.{csv,txt}.
       pkg=${LOAD_PACKAGES:-out/load-packages}/dit_b_1024.pt2
       mkdir -p "$(dirname "$pkg")"
       [ -s "$pkg" ] || $py -m fullgraph export benchmarks/targets/serve.py:dit_b_1024 --preset perception --no-check \
         -o "$pkg" 2>&1 | tail -2
-      $py -m fullgraph bench load "$pkg" --callable "${DIT_THREADS_CALLABLES:-package,nogil,serial,nogil-serial}" --threads 1,4 \
-        --seconds "${DIT_THREADS_SECONDS:-24}" --rounds 4 ${DIT_THREADS_ARGS:-} --csv "$OUT/dit_threads_h200.csv" 2>&1 \
-        | tee -a "$OUT/dit_threads_h200.txt" | grep -v '^\[' | tail -9
+      $py -m fullgraph bench load "$pkg" --callable "${DIT_THREADS_CALLABLES:-package,nogil,serial,nogil-serial}" \
+        --threads 1,4 --seconds "${DIT_THREADS_SECONDS:-16}" --rounds 4 ${DIT_THREADS_ARGS:-} --csv "$OUT/dit_threads_h200.csv" 2>&1 \
+        | tee -a "$OUT/dit_threads_h200.txt" | grep -v '^\[' | tail -11
+      # two model instances: with the GIL released two calls can launch at once (CPU: 1.73x at 4 threads)
+      $py -m fullgraph bench load "$pkg" --callable package,nogil --runners 2 --threads 1,4 \
+        --seconds "${DIT_THREADS_SECONDS:-16}" --rounds 4 --csv "$OUT/dit_threads_h200.csv" 2>&1 \
+        | tee -a "$OUT/dit_threads_h200.txt" | grep -v '^\[' | tail -6
       PYTHONPATH="$PWD/src:$PWD" $py -m pytest -p no:cacheprovider -q tests/compile/test_concurrency.py \
         tests/deploy/test_package.py tests/deploy/test_direct.py -k "owner or serial or thread or gil or direct or \
         replays" 2>&1 | tail -3

@@ -43,3 +43,21 @@ def dit_b_1024():
     model = model.eval().to(torch.bfloat16)
     dim = model.cfg.dim
     return model, (torch.randn(1, DIT_TOKENS, dim, dtype=torch.bfloat16), torch.randn(1, dim, dtype=torch.bfloat16))
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self, width: int = 512, depth: int = 4):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def mlp_cpu_32():
+    """Four 512-wide linears at 32 rows in fp32: a ~1 ms call on a 2-core CPU, the CPU's stand-in for a host-bound
+    package call (how threads share a package whose run holds or releases the GIL; `--device cpu`)."""
+    torch.manual_seed(0)
+    return _Mlp().eval(), torch.randn(32, 512)
