@@ -20,13 +20,13 @@ library (`data/weights/`, `data/constants/`): `unfit` says why, and `load` opens
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import tempfile
-import threading
 import weakref
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,25 +34,20 @@ import torch.utils._pytree as pytree
 
 _H = ctypes.c_void_p
 _SIZE = ctypes.c_size_t
-_CAPSULES: Any = None
-_CAPSULES_LOCK = threading.Lock()
 
 
 class Unfit(RuntimeError):
     """A package the direct route cannot run (`unfit`'s reasons, or a library without a function it calls)."""
 
 
-def _capsules() -> Any:
+@functools.cache
+def _capsules() -> tuple[Any, Any]:
     """ctypes' view of CPython's capsule functions: torch's handle helpers pass `void*` as unnamed capsules."""
-    global _CAPSULES
-    with _CAPSULES_LOCK:
-        if _CAPSULES is None:
-            api = ctypes.PyDLL(None)  # this process's CPython, called with the GIL held
-            get, new = api.PyCapsule_GetPointer, api.PyCapsule_New
-            get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-            new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-            _CAPSULES = (get, new)
-    return _CAPSULES
+    api = ctypes.PyDLL(None)  # this process's CPython, called with the GIL held
+    get, new = api.PyCapsule_GetPointer, api.PyCapsule_New
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return get, new
 
 
 def _model_dir(names: Sequence[str], model_name: str) -> str | None:
@@ -96,10 +91,7 @@ class DirectCall:
         device_index: int = -1,
         runners: int = 1,
         single_threaded: bool = False,
-        metadata: Mapping[str, str] | None = None,
     ):
-        self.path = path
-        self._metadata = dict(metadata or {})
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
             why = unfit(names, model_name)
@@ -123,7 +115,7 @@ class DirectCall:
         self._lib = lib = ctypes.CDLL(library)  # CDLL: the GIL is released around every call into it
         run = [_H, ctypes.POINTER(_H), _SIZE, ctypes.POINTER(_H), _SIZE, _H, _H]
         text = ctypes.POINTER(ctypes.c_char_p)
-        for fn, args in (
+        for suffix, args in (
             ("CreateWithDevice", [ctypes.POINTER(_H), _SIZE, ctypes.c_char_p, ctypes.c_char_p]),
             ("Delete", [_H]),
             ("GetNumInputs", [_H, ctypes.POINTER(_SIZE)]),
@@ -132,11 +124,11 @@ class DirectCall:
             ("Run", run),
             ("RunSingleThreaded", run),
         ):
-            name = "AOTInductorModelContainer" + fn
+            name = "AOTInductorModelContainer" + suffix
             if not hasattr(lib, name):  # a library from a torch without it
                 raise Unfit(f"{os.path.basename(library)} has no {name}")
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int32
+            function = getattr(lib, name)
+            function.argtypes, function.restype = args, ctypes.c_int32
         # the message of this thread's last failed call, where the library has it (newer torch): rc = f(&message)
         self._last_error = getattr(lib, "AOTInductorGetLastError", None)
         if self._last_error is not None:
@@ -190,9 +182,6 @@ class DirectCall:
         self._check(self._run(self._handle, ins, self._n_in, outs, self._n_out, stream, None), "run")
         tensors = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([new(h, None, None) for h in outs])
         return tensors if self._out is None else pytree.tree_unflatten(tensors, self._out)
-
-    def get_metadata(self) -> dict[str, str]:
-        return dict(self._metadata)
 
     def close(self) -> None:
         """Delete the model and its folder now (otherwise when collected); the object is unusable after."""

@@ -397,7 +397,7 @@ def open_package(
         try:
             return direct.DirectCall(
                 path, _device(metadata or {}).type, model_name=model_name, device_index=device_index,
-                runners=runners, single_threaded=single_threaded, metadata=metadata,
+                runners=runners, single_threaded=single_threaded,
             )  # fmt: skip
         except direct.Unfit as e:  # `direct.unfit`'s reasons: torch's loader runs it
             why = str(e)
