@@ -54,6 +54,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+# Inductor's runtime, which the loader runs through, imported with this module rather than inside the first load:
+# torch imports it lazily (~500 modules, 1-4 s without bytecode), and a replica's first request should not pay that.
+import torch._inductor.compile_fx
 from torch.utils import _pytree as pytree
 
 import fullgraph.ops  # noqa: F401 - compiling here: our ops registered and torch's compile caches tagged first

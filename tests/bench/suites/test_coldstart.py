@@ -141,6 +141,21 @@ def test_the_child_runs_as_a_module_and_reports_without_import_times(tmp_path):
     assert report["import_torch_s"] is None and report["device_s"] >= 0
 
 
+def test_the_imports_before_the_window_hold_inductors_compiler_for_every_route_that_compiles_or_loads_code():
+    # torch imports Inductor's compiler lazily, at the first compile or load of compiled code (~500 modules, 1-4 s
+    # without bytecode): before the timed window for every such route alike, never for the package route
+    code = ("import sys, fullgraph.deploy.coldstart as c; c.prepare(sys.argv[1]); "
+            "print('torch._inductor.compile_fx' in sys.modules, 'torch._dynamo' in sys.modules)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    seen = {}
+    for action in ("compile", "serve", "load-precompiled", "load-package"):
+        done = subprocess.run([sys.executable, "-c", code, action], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen[action] = done.stdout.split()
+    assert seen == {"compile": ["True", "True"], "serve": ["True", "True"], "load-precompiled": ["True", "True"],
+                    "load-package": ["False", "False"]}  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_library_vit_warm_starts_from_its_caches(tmp_path):
     # The routes through Inductor's caches (the package and precompiled routes' mechanics: the test above, and our

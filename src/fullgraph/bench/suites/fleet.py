@@ -4,7 +4,9 @@ machines (issue 35, item 4).
 Each replica is the coldstart suite's child (`fullgraph.deploy.coldstart compile`, started as a program: this layer
 imports no deploy code, DESIGN.md, Layers) with `fullgraph.deploy.remote.remote_cache()` turned on from
 FULLGRAPH_REMOTE_CACHE / _KEY first; after its own JSON line it prints the remote cache's counters as
-`{"remote": ...}`.
+`{"remote": ...}`. Its imports come first and are timed apart, as coldstart's (`prepare(action)`: fullgraph's compiler
+and Inductor's, for every variant alike), so the window holds what a replica does for its first request;
+`window_imports` counts the modules still first imported inside it.
 Variants, each in its own Redis database:
 - `cold`: replicas one after another without the remote cache: the baseline (the median of their first outputs);
 - `sequential`: through the remote caches, one after another: the first compiles and fills the cache, and every
@@ -54,7 +56,7 @@ VARIANTS = ("cold", "sequential", "together", "published")
 # The coldstart child, with the remote cache on first where the environment names one; its counters as a second line.
 BOOT = (
     "import json, os, sys, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
-    "import fullgraph.compile, fullgraph.deploy.coldstart as c, fullgraph.deploy.remote as r; "
+    "import fullgraph.deploy.coldstart as c, fullgraph.deploy.remote as r; c.prepare(sys.argv[1]); "
     "t2 = time.perf_counter(); fleet = r.remote_cache() if os.environ.get(r.ENV_URL) else None; "
     "rc = c.main(sys.argv[1:], clock=(t0, t1, t2)); "
     "print(json.dumps({'remote': fleet.stats() if fleet else {}}), flush=True); sys.exit(rc)"
@@ -129,6 +131,8 @@ def summary(r: dict[str, Any]) -> str:
     c, remote = r["child"], r["remote"]
     counters = c.get("counters") or {}
     figures = [f"{k} {c[k]:.3f}" for k in ("first_output_s", "median_ms", "publish_s") if c.get(k) is not None]
+    if c.get("window_imports") is not None:
+        figures.append(f"{c['window_imports']} modules imported in the window")
     figures.append(f"FX hit/miss {counters.get('fxgraph_cache_hit', 0)}/{counters.get('fxgraph_cache_miss', 0)}")
     if remote:
         figures.append(
@@ -191,9 +195,9 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
             err = rel_err(r["output"], expected)
             metrics: dict[str, tuple[float, str]] = {"ok": (float(r["ok"]), ""), "process_s": (r["process_s"], "s")}
             for k in ("first_output_s", "first_call_s", "import_torch_s", "import_fullgraph_s", "median_ms",
-                      "publish_s"):  # fmt: skip
+                      "publish_s", "window_imports"):  # fmt: skip
                 if c.get(k) is not None:
-                    metrics[k] = (c[k], "ms" if k.endswith("_ms") else "s")
+                    metrics[k] = (c[k], "ms" if k.endswith("_ms") else "" if k == "window_imports" else "s")
             metrics.update({k: (float(v), "") for k, v in counters.items()})
             metrics.update(
                 {f"remote_{k}": (float(remote[k]), "") for k in ("hit", "miss", "refused", "put") if k in remote}
