@@ -125,12 +125,12 @@ for step in $steps; do
       ;;
     load)  # issue 31: each callable from 1, 4 and 16 threads, warm and cold; any wrong output or exception fails a run
       # LOAD_MODELS (of benchmarks/targets/serve.py), LOAD_CALLABLES (compiled bucketed precompiled package serial
-      # package-cuda-graphs), LOAD_STARTS (warm cold), LOAD_SECONDS (10) and LOAD_THREADS (1,4,16) warm,
+      # package-cuda-graphs package-default: load's defaults on a GPU, nogil with 2 runners), LOAD_STARTS (warm cold), LOAD_SECONDS (10) and LOAD_THREADS (1,4,16) warm,
       # LOAD_COLD_SECONDS (3) and LOAD_COLD_THREADS (4,16) cold. Each package is exported once into LOAD_PACKAGES
       # (out/load-packages: outside $OUT, kept while the machine stays warm) and serves both starts, with and without
       # --cuda-graphs. Writes $OUT/load_h200.csv and $OUT/load_h200.txt; failed runs are listed last. Time, estimated:
       # 6-7 min per model at these defaults (timed phases 3 min, the export 1-2 min): one model per device call.
-      wanted=" ${LOAD_CALLABLES:-compiled bucketed precompiled package package-cuda-graphs} "
+      wanted=" ${LOAD_CALLABLES:-compiled bucketed precompiled package-default package-cuda-graphs} "
       pkgs=${LOAD_PACKAGES:-out/load-packages}
       mkdir -p "$pkgs"
       failed=()
@@ -148,6 +148,7 @@ for step in $steps; do
           runs=()  # each: TARGET and its flags
           [ -n "$kinds" ] && runs+=("$target --callable $kinds$([[ $kinds == *package* || $kinds == *serial* ]] && echo " --package $pkg")")
           [[ $wanted == *" package-cuda-graphs "* ]] && runs+=("$pkg --cuda-graphs")
+          [[ $wanted == *" package-default "* ]] && runs+=("$pkg --callable nogil --runners 2")
           for r in "${runs[@]}"; do
             echo "--- $model $start: $r $(date -u +%H:%M:%S)" | tee -a "$OUT/load_h200.txt"
             # shellcheck disable=SC2086 # $r and $timing are word lists

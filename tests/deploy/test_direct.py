@@ -95,6 +95,49 @@ def test_a_package_it_cannot_run_loads_through_torch_with_a_warning(mlp_package,
     assert torch.equal(loaded(x), package.open_package(str(path))(x))
 
 
+@pytest.mark.parametrize(
+    "device, options, opened",
+    [
+        # a CUDA package called from threads: the GIL released and two instances (load's defaults, measured on an H100)
+        ("cuda", {}, {"runners": 2, "release_gil": True, "say_fallback": False, "single_threaded": False}),
+        ("cuda", {"serial": True}, {"runners": 1, "release_gil": True, "say_fallback": False, "single_threaded": True}),
+        ("cuda", {"cuda_graphs": True}, {"runners": 1, "release_gil": False, "single_threaded": True}),
+        ("cuda", {"release_gil": False}, {"runners": 2, "release_gil": False}),
+        ("cuda", {"runners": 1, "release_gil": True}, {"runners": 1, "release_gil": True, "say_fallback": True}),
+        ("cpu", {}, {"runners": 1, "release_gil": False, "single_threaded": False}),  # CPU: as before
+    ],
+)
+def test_loads_defaults_depend_on_the_packages_device_and_what_else_was_asked(mlp_package, monkeypatch, device,
+                                                                              options, opened):  # fmt: skip
+    path, _ = mlp_package
+    real = package._read_package
+
+    def read(p):
+        sha, meta, ops = real(p)
+        return sha, {**meta, "AOTI_DEVICE_KEY": device}, ops
+
+    seen = {}
+
+    def open_package(*args, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(package, "_read_package", read)
+    monkeypatch.setattr(package, "open_package", open_package)
+    with pytest.raises(package.DeployError, match="stop here"):
+        load(path, probe_first=False, **options)
+    assert {k: seen[k] for k in opened} == opened
+
+
+def test_a_package_it_cannot_run_by_default_loads_through_torch_without_a_word(mlp_package, monkeypatch, recwarn):
+    path, _ = mlp_package
+    monkeypatch.setattr(direct, "unfit", lambda names, model_name="model": "it calls ops outside its library")
+    model = package.open_package(str(path), release_gil=True, say_fallback=False)
+    assert not isinstance(model, direct.DirectCall) and not [w for w in recwarn if "release_gil" in str(w.message)]
+    x = torch.randn(4, 8)
+    assert torch.equal(model(x), package.open_package(str(path))(x))
+
+
 def test_bench_load_refuses_to_time_nogil_where_the_gil_stays_held(mlp_package, monkeypatch, capsys):
     from fullgraph.cli.main import main
 

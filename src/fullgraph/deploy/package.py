@@ -70,6 +70,10 @@ def _sha256(f) -> str:
 
 
 CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
+# load's model instances for a CUDA package called from threads (not replayed, not serial): with the GIL released,
+# two let one call launch while another's kernels run (H100, the DiT package: 761 calls/s from 4 threads, 592 with
+# one instance through torch's loader; docs/deploy.md, "Many threads"). Each costs an activation arena.
+DEFAULT_CUDA_RUNNERS = 2
 SHA_FILE = "aoti_sha.json"
 _SHA_MEMO_SIZE = 256
 
@@ -377,6 +381,7 @@ def open_package(
     runners: int = 1,
     release_gil: bool = False,
     metadata: Mapping[str, str] | None = None,
+    say_fallback: bool = True,
 ) -> Callable:
     """The package's model, loaded by torch's C++ loader (`torch._C._aoti.AOTIModelPackageLoader`) directly. torch's
     `aoti_load_package` first reads the archive through torch.export's PT2 reader in Python: for a 190 MB package on
@@ -391,8 +396,8 @@ def open_package(
     call's kernels have finished on the GPU before it launches its own.
 
     `release_gil=True` runs the model through its library's C interface with the GIL released during the run
-    (`fullgraph.deploy.direct`), where the package allows it; otherwise it warns with the reason and loads it as
-    above. `metadata` is the package's, as `_read_package` reads it (its device)."""
+    (`fullgraph.deploy.direct`), where the package allows it; otherwise it loads it as above, warning with the reason
+    when `say_fallback`. `metadata` is the package's, as `_read_package` reads it (its device)."""
     if release_gil:
         try:
             return direct.DirectCall(
@@ -400,9 +405,9 @@ def open_package(
                 runners=runners, single_threaded=single_threaded,
             )  # fmt: skip
         except direct.Unfit as e:  # `direct.unfit`'s reasons: torch's loader runs it
-            why = str(e)
-        warnings.warn(f"release_gil=True: {display_path(path)} runs through torch's loader, which holds the GIL: {why}",
-                      stacklevel=3)  # fmt: skip
+            if say_fallback:
+                warnings.warn(f"release_gil=True: {display_path(path)} runs through torch's loader, which holds the "
+                              f"GIL: {e}", stacklevel=3)  # fmt: skip
     loader_class = _loader_class()
     if loader_class is not None:
         try:
@@ -553,10 +558,10 @@ def load(
     probe_first: bool = True,
     probe_timeout: float = PROBE_TIMEOUT_S,
     cuda_graphs: bool = False,
-    runners: int = 1,
+    runners: int | None = None,
     serial: bool = False,
     check_indices: bool = True,
-    release_gil: bool = False,
+    release_gil: bool | None = None,
 ) -> LoadedPackage:
     """Load an AOTInductor package as a callable, without risking this process.
 
@@ -572,6 +577,8 @@ def load(
     callable from many threads at once (`LoadedPackage.__call__`). `runners` (without cuda_graphs) is how many
     instances of the model the runtime keeps, so that calls from several threads, or one thread's next call, need
     not wait for the previous call's kernels (`open_package`); each costs one more activation arena, not weights.
+    By default (None) a CUDA package without cuda_graphs or serial keeps `DEFAULT_CUDA_RUNNERS` (2), anything else
+    one.
     `serial=True` (without cuda_graphs) runs one instance single-threaded on a thread of the package's own, fed by a
     queue (`fullgraph.serving.OwnerThread`): every launch comes from that one thread, whichever thread calls; no
     event bookkeeping per call, no wait inside the runtime for the previous call; one thread hop per call.
@@ -582,16 +589,23 @@ def load(
     `release_gil=True` calls the model's library through its C interface, with the GIL released while it runs
     (`fullgraph.deploy.direct`): torch's loader holds the GIL through the whole run, so another thread can do nothing
     while one call launches its kernels. Same outputs, same errors; a package that needs torch's proxy executor or
-    keeps its weights outside its library loads as before, with a warning saying why.
+    keeps its weights outside its library loads as before, with a warning saying why. By default (None) a CUDA
+    package without cuda_graphs is called that way where it can be, and through torch's loader without a word where
+    it cannot (`loaded.gil_released` says which); a CPU package goes through torch's loader. The defaults are what
+    served the uncaptured DiT package best from 1 and 4 threads on an H100 (docs/deploy.md, "Many threads"): 733 /
+    761 calls/s with the GIL released and two instances, against 666 / 592 through torch's loader with one.
     Security: a package is a shared library and pickles; only files that no one else can write are loaded.
     """
     path = os.fspath(path)
     shown = display_path(path)
-    if isinstance(runners, bool) or not isinstance(runners, int) or runners < 1:
-        raise UsageError(f"runners={runners!r}: give how many model instances to keep, a positive int (default 1)")
-    if cuda_graphs and runners != 1:
+    if runners is not None and (isinstance(runners, bool) or not isinstance(runners, int) or runners < 1):
+        raise UsageError(
+            f"runners={runners!r}: give how many model instances to keep, a positive int (default "
+            f"{DEFAULT_CUDA_RUNNERS} for a CUDA package without cuda_graphs or serial, else 1)"
+        )
+    if cuda_graphs and runners not in (None, 1):
         raise UsageError(f"runners={runners} with cuda_graphs=True: the replayed model runs single-threaded; drop one")
-    if serial and (cuda_graphs or runners != 1):
+    if serial and (cuda_graphs or runners not in (None, 1)):
         other = "cuda_graphs=True (which runs it single-threaded already)" if cuda_graphs else f"runners={runners}"
         raise UsageError(f"serial=True with {other}: serial runs one model instance on one thread; drop one")
     sha, meta, ops = _read_package(path)
@@ -604,6 +618,11 @@ def load(
     device = meta.get("AOTI_DEVICE_KEY") or "cpu"
     if cuda_graphs and not device.startswith("cuda"):
         raise UsageError(f"cuda_graphs=True: {shown} runs on {device}; CUDA graphs need a package exported on a GPU")
+    pooled = device.startswith("cuda") and not cuda_graphs
+    if runners is None:
+        runners = DEFAULT_CUDA_RUNNERS if pooled and not serial else 1
+    asked_gil = release_gil is not None  # only a release asked for says why it could not be
+    release_gil = pooled if release_gil is None else release_gil
     verdict = None
     if probe_first:
         verdict = run_probe(path, sha, device_index, probe_timeout, ops, modules)
@@ -619,7 +638,7 @@ def load(
     os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     try:
         model = open_package(path, device_index, single_threaded=cuda_graphs or serial, runners=runners,
-                             release_gil=release_gil, metadata=meta)  # fmt: skip
+                             release_gil=release_gil, metadata=meta, say_fallback=asked_gil)  # fmt: skip
     except Exception as e:  # the loader raises RuntimeError for most problems, others for a few
         raise DeployError(f"torch could not load {shown}: {first_line(e)}; {_REBUILD}") from e
     released = isinstance(model, direct.DirectCall)

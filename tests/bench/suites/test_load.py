@@ -250,7 +250,8 @@ def test_a_package_targets_second_kind_opens_the_file_again():
     assert suite.opener(plan, "package", loaded, ((), {}), sources, "")() is loaded
     assert opened == []
     locked = suite.opener(plan, "locked", loaded, ((), {}), sources, "")()
-    assert opened == [{"cuda_graphs": False, "runners": 2}] and locked is not loaded
+    # every option given, torch's loader included: a kind means the same whatever load's defaults
+    assert opened == [{"cuda_graphs": False, "runners": 2, "release_gil": False}] and locked is not loaded
 
 
 def test_serial_opens_the_package_again_single_threaded(tmp_path):
@@ -273,15 +274,15 @@ def test_serial_opens_the_package_again_single_threaded(tmp_path):
     loaded = object()
     assert suite.opener(plan, "package", loaded, ((), {}), sources, "")() is loaded
     assert suite.opener(plan, "serial", loaded, ((), {}), sources, "")() is not loaded
-    assert opened == [("m.pt2", {"cuda_graphs": False, "runners": 1, "serial": True})]
+    assert opened == [("m.pt2", {"cuda_graphs": False, "runners": 1, "release_gil": False, "serial": True})]
     plan = suite.Plan(target="t.py:m", kinds=("package", "serial"), threads=(1,), seconds=1.0, cold=False,
                       preset="dev", cuda_graphs=False, device="cpu")  # fmt: skip
     work, opened[:] = str(tmp_path), []
     for kind in plan.kinds:
         suite.opener(plan, kind, torch.nn.Linear(2, 2), ((torch.randn(1, 2),), {}), sources, work)()
     assert exported == [os.path.join(work, "model.pt2")]
-    assert opened == [("model.pt2", {"cuda_graphs": False, "runners": 1}),
-                      ("model.pt2", {"cuda_graphs": False, "runners": 1, "serial": True})]  # fmt: skip
+    pooled = {"cuda_graphs": False, "runners": 1, "release_gil": False}
+    assert opened == [("model.pt2", pooled), ("model.pt2", {**pooled, "serial": True})]
 
 
 def test_owner_hands_the_package_runtimes_calls_to_one_thread_of_its_own():
@@ -292,7 +293,7 @@ def test_owner_hands_the_package_runtimes_calls_to_one_thread_of_its_own():
         return x + 1
 
     def open_package(path, specs, **options):
-        assert options == {"cuda_graphs": False, "runners": 1}  # the pooled runtime, as `package` opens it
+        assert options == {"cuda_graphs": False, "runners": 1, "release_gil": False}  # the pooled runtime, as `package`
         return run, None
 
     sources = suite.Sources(None, open_package, None, None, None, lambda msg: None)

@@ -146,8 +146,9 @@ class Plan:
 
     @property
     def package_options(self) -> dict[str, Any]:
-        """How `fullgraph.deploy.load` opens the package."""
-        return {"cuda_graphs": self.cuda_graphs, "runners": self.runners}
+        """How `fullgraph.deploy.load` opens the package: every option given, so that a kind means the same whatever
+        load's defaults (torch's loader, which holds the GIL, unless the kind says otherwise)."""
+        return {"cuda_graphs": self.cuda_graphs, "runners": self.runners, "release_gil": False}
 
     @property
     def mode(self) -> str | None:
@@ -236,7 +237,7 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
 
         def package() -> Callable:
             if kind in (*SERIAL, "nogil"):  # its own load: the runtime opened single-threaded, or called directly
-                return sources.open_package(plan.target, (), **plan.package_options, **_own_load(kind))[0]
+                return sources.open_package(plan.target, (), **{**plan.package_options, **_own_load(kind)})[0]
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
             return _locked(loaded) if kind == "locked" else _owned(plan, loaded) if kind == "owner" else loaded
 
@@ -264,7 +265,7 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
             path = sources.export(model, x[0], path, preset=plan.preset)
     if kind == "owner":
         return lambda: _owned(plan, sources.open_package(path, (), **plan.package_options)[0])
-    return lambda: sources.open_package(path, (), **plan.package_options, **_own_load(kind))[0]
+    return lambda: sources.open_package(path, (), **{**plan.package_options, **_own_load(kind)})[0]
 
 
 def _own_load(kind: str) -> dict[str, bool]:
