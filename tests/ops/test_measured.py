@@ -12,6 +12,7 @@ from fullgraph.models.dit import DiT, config
 from fullgraph.ops import measured
 
 H200 = "NVIDIA H200"
+H100 = "NVIDIA H100 80GB HBM3"
 DIT_3072 = (torch.bfloat16, 128, 3072)  # dtype, head dim, width of the committed measurements
 
 
@@ -42,7 +43,7 @@ def choice(op, rows, shape=DIT_3072, index=0):
 def test_the_decision_reads_the_committed_file(on_h200):
     assert measured.DATA_FILE.is_file() and measured.DATA_FILE.suffix == ".json"
     committed = measured.read_points(measured.DATA_FILE)
-    assert {p.gpu for p in committed} == {H200} and set(measured.points()) == set(committed)
+    assert {p.gpu for p in committed} == {H200, H100} and set(measured.points()) == set(committed)
     # the former table at the DiT it was measured on: linear_gelu and the two fused ops' kernels at 1024-16384 tokens
     for rows in (1024, 4096, 16384):
         assert [choice(op, rows) for op in ("linear_gelu", "qk_norm_rope", "layer_norm_modulate")] == ["kernel"] * 3
@@ -50,6 +51,17 @@ def test_the_decision_reads_the_committed_file(on_h200):
     # DiT-XL/2 (head dim 72): the fused ops lost there (issue 32), linear_gelu's epilogue won
     xl = (torch.bfloat16, 72, 1152)
     assert choice("qk_norm_rope", 2048, xl) == "native" and choice("linear_gelu", 2048, xl) == "kernel"
+
+
+def test_an_h100_reads_its_own_points(on_h200, monkeypatch):
+    # the sweep's default-mode points measured on an H100 (benchmarks/results/sweep_parts_h100.csv): linear_gelu's
+    # epilogue won at 4096 rows at head dims 64-96, layer_norm_modulate lost everywhere; the H200's are not its
+    monkeypatch.setattr(measured, "_names", {0: H100})
+    for shape in ((torch.bfloat16, 72, 1152), (torch.bfloat16, 80, 1280), (torch.bfloat16, 96, 1536)):
+        assert choice("linear_gelu", 4096, shape) == "kernel"
+        assert choice("layer_norm_modulate", 4096, shape) == choice("skinny_linear", 4096, shape) == "native"
+    assert choice("linear_gelu", 2048, (torch.bfloat16, 80, 1280)) == "native"  # within noise at 2048 rows there
+    assert choice("linear_gelu", 16384) == "native"  # the DiT 3072 at 16384 rows: the H200's kernel point, not here
 
 
 def test_an_unmeasured_gpu_torch_or_shape_runs_native(on_h200, monkeypatch):
