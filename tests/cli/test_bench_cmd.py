@@ -69,3 +69,37 @@ def test_the_summary_is_printed_when_the_suite_fails(tmp_path, monkeypatch, capf
     assert "THE TABLE" not in out
     assert "warnings: 12 × UserWarning" in err and "logs: 3 × WARNING from torch._dynamo" in err
     assert err.count("recompile_limit") == 1
+
+
+POINTED_SUITE = """
+from fullgraph.bench.results import make_rows
+
+
+def run(args, save):
+    rows = []
+    for i in range(3):
+        done = make_rows("sweep", f"point {i}", "plain", {"median_ms": (1.0 + i, "ms")}, {})
+        rows += done
+        save(done)
+        if i == args.stop_after:
+            raise KeyboardInterrupt  # the device call's time limit, as the process sees it
+    return rows + make_rows("sweep", "summary", "ours", {"median_ratio": (1.0, "x")}, {}), "THE TABLE"
+"""
+
+
+@pytest.mark.parametrize("stop_after", [1, None])
+def test_a_long_suite_keeps_each_points_rows_as_it_finishes(tmp_path, monkeypatch, capfd, stop_after):
+    # sweep and zoo hand each point's rows to the command line's `save` at once: a run stopped by a time limit keeps
+    # what it measured, and a run that ends writes every row once
+    (tmp_path / "pointed_suite.py").write_text(POINTED_SUITE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "sweep.csv"
+    args = argparse.Namespace(suite="sweep", suite_module="pointed_suite", csv=str(path), stop_after=stop_after)
+    if stop_after is not None:
+        with pytest.raises(KeyboardInterrupt):
+            bench_cmd.run(args)
+        assert [r.case for r in read_csv(path)] == ["point 0", "point 1"]
+        return
+    assert bench_cmd.run(args) == 0
+    assert [r.case for r in read_csv(path)] == ["point 0", "point 1", "point 2", "summary"]
+    assert "4 rows appended" in capfd.readouterr().out

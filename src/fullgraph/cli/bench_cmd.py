@@ -380,6 +380,26 @@ def _fleet_sources(args):
 # suite -> a context around its run yielding the keyword arguments its run takes besides `args`: for a suite that needs
 # what only the command line may import (DESIGN.md, Layers)
 NEEDS = {"load": _load_sources, "fleet": _fleet_sources}
+# Suites whose runs outlast a device call: they hand each point's rows to `save` as it finishes, so a run stopped
+# by a time limit keeps what it measured (a sweep part cut at 200 s on the H100 lost two timed points).
+SAVES_AS_IT_GOES = {"sweep", "zoo"}
+
+
+class _Saved:
+    """`save(rows)`: the rows appended to --csv at once; the run's other rows follow when it ends."""
+
+    def __init__(self, path: str):
+        self.path, self.count, self._ids = path, 0, set()
+
+    def __call__(self, rows) -> None:
+        from fullgraph.bench.results import append_csv
+
+        rows = list(rows)
+        self.count += append_csv(self.path, rows)
+        self._ids.update(id(r) for r in rows)
+
+    def rest(self, rows) -> list:
+        return [r for r in rows if id(r) not in self._ids]
 
 
 def run(args) -> int:
@@ -389,15 +409,18 @@ def run(args) -> int:
     # The suites' warnings and library logs (Dynamo's, Inductor's, transformers') are counted, not shown between
     # our lines: one line per kind follows the table (or the error). Progress that a suite prints still shows.
     needs = NEEDS.get(getattr(args, "suite", None), lambda args: contextlib.nullcontext({}))
+    saved = _Saved(args.csv)
     try:
         with capture_output() as captured, needs(args) as extra:
+            if getattr(args, "suite", None) in SAVES_AS_IT_GOES:
+                extra = {**extra, "save": saved}
             # (rows, table), or (rows, table, failure): a one-line failure (wrong outputs, say) exits 1 after both
             rows, table, *failure = importlib.import_module(args.suite_module).run(args, **extra)
         print(table)
     finally:
         for line in captured.summary():
             print(line, file=sys.stderr)
-    n = append_csv(args.csv, rows)
+    n = saved.count + append_csv(args.csv, saved.rest(rows))
     print(f"\n{n} rows appended to {args.csv}")
     if failure and failure[0]:
         print(f"fullgraph bench {args.suite}: failed: {failure[0]}", file=sys.stderr)

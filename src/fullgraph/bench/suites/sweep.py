@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fullgraph._files import write_atomic_bytes
@@ -88,7 +89,8 @@ def grid(small: bool, modes: tuple[str, ...] = MODES) -> list[Point]:
     return points + [Point("vit", v, b, None, m) for m in modes for v in VITS for b in VIT_BATCHES]
 
 
-def run(args) -> tuple[list[Result], str]:
+def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[Result], str]:
+    """The grid's selected points; `save` (the command line's) takes each point's rows as it finishes."""
     if args.from_csv:
         return from_csv(args.from_csv.split(","), args.write_decisions)
     modes = tuple(m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip())
@@ -117,7 +119,10 @@ def run(args) -> tuple[list[Result], str]:
         for i, p in enumerate(batch, b):
             print(f"[{time.monotonic() - start:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr,
                   flush=True)  # fmt: skip
-            rows += run_point(p, args)
+            done = run_point(p, args)
+            rows += done
+            if save is not None:
+                save(done)
     if args.write_decisions:
         write_decisions(args.write_decisions, rows)
     return rows, summary(rows)

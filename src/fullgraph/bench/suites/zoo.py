@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -202,7 +203,8 @@ class Progress:
         print(f"[{elapsed:7.1f}s] zoo {self.done}/{self.total} {case}: {what}", file=sys.stderr, flush=True)
 
 
-def run(args) -> tuple[list[Result], str, str | None]:
+def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[Result], str, str | None]:
+    """Each selected model's points; `save` (the command line's) takes each point's rows as it finishes."""
     if args.from_csv:
         return from_csv(args.from_csv.split(","))
     device = resolve_device(args.device)
@@ -231,7 +233,10 @@ def run(args) -> tuple[list[Result], str, str | None]:
                                                   progress):  # fmt: skip
             if isinstance(outcome, Point):
                 points.append(outcome)
-                rows += _rows(outcome, {"library": entry.library or "none", **settings.params()})
+                done = _rows(outcome, {"library": entry.library or "none", **settings.params()})
+                rows += done
+                if save is not None:
+                    save(done)
                 table.append(_table_row(outcome))
             else:  # reported in its place; the other points still run
                 failed.append(f"{entry.name}" + (f" b{batch} {mode}" if batch else "") + f": {outcome}")
