@@ -152,6 +152,8 @@ def test_export_checks_the_package_and_load_runs_it_in_a_fresh_process(target, t
     done = subprocess.run(run, capture_output=True, text=True, env=child_env, cwd=tmp_path / "..", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"loaded \S*block\.pt2 in [\d.]+ s \(probe verdict cached", done.stdout)
+    # a CPU package: load's defaults keep torch's loader and one instance, and the command says so
+    assert "runs 1 model instance, through torch's loader (the GIL held)" in done.stdout
     assert re.search(r"first call [\d.]+ ms, then [\d.]+ ms \(median of 20\)", done.stdout)
     assert "output 2x9x32:float32@cpu" in done.stdout  # the declared dim, at a size it was not exported with
 

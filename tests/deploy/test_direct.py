@@ -129,6 +129,15 @@ def test_loads_defaults_depend_on_the_packages_device_and_what_else_was_asked(ml
     assert {k: seen[k] for k in opened} == opened
 
 
+def test_a_loaded_package_says_how_it_runs(mlp_package):
+    path, _ = mlp_package
+    assert load(path, probe_first=False).route == "1 model instance, through torch's loader (the GIL held)"
+    released = load(path, probe_first=False, release_gil=True, runners=2)
+    assert released.runners == 2 and released.route == "2 model instances, the GIL released during each run"
+    serial = load(path, probe_first=False, release_gil=True, serial=True)
+    assert serial.route == "on one thread of its own (serial=True), the GIL released during each run"
+
+
 def test_a_package_it_cannot_run_by_default_loads_through_torch_without_a_word(mlp_package, monkeypatch, recwarn):
     path, _ = mlp_package
     monkeypatch.setattr(direct, "unfit", lambda names, model_name="model": "it calls ops outside its library")

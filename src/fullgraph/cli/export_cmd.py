@@ -266,7 +266,7 @@ def run_load(args) -> int:
         first_s, out = run_once(loaded, x)
         with torch.no_grad():
             steady = measure(lambda: x.call(loaded), device=device, warmup=2, reps=args.reps)
-    print(f"loaded {shown} in {load_s:.2f} s ({_probe_text(loaded.verdict)})")
+    print(f"loaded {shown} in {load_s:.2f} s ({_probe_text(loaded.verdict)}); runs {loaded.route}")
     if args.input:
         print(f"inputs {', '.join(x.describe())}")
     else:  # the recorded specs: integers carry the range of values the example held (LOW-HIGH)

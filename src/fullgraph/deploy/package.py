@@ -434,6 +434,7 @@ class LoadedPackage:
         verdict: Mapping[str, Any] | None = None,
         check_indices: bool = True,
         gil_released: bool = False,
+        runners: int = 1,
     ):
         self.path, self.sha256, self.metadata = path, sha256, dict(metadata)
         self.custom_ops = tuple(custom_ops)  # ops the package calls through Python ("fullgraph::rms_norm", ...)
@@ -442,6 +443,7 @@ class LoadedPackage:
         self._graphed = isinstance(model, GraphedCall)
         # whether each run releases the GIL (`load(..., release_gil=True)` where the package allows it)
         self.gil_released = gil_released
+        self.runners = runners  # the model instances the runtime keeps (`load(..., runners=)`)
         # the forward's parameter names of the exported inputs, to call it by keyword as the model was
         self._names = tuple(recorded(self.metadata, "args", list))
         # the tensor inputs that index a table, by their index among the tensor inputs: {index: (lowest, highest)}
@@ -455,6 +457,18 @@ class LoadedPackage:
         self._cuda_index = _cuda_index(self.metadata)
         with contextlib.suppress(Exception):  # the baseline of the device's out-of-memory count (a CUDA package)
             self._ooms.start(_device(self.metadata))
+
+    @property
+    def route(self) -> str:
+        """How each call runs, in words (what `fullgraph load` prints)."""
+        if self._graphed:
+            return "replayed from a CUDA graph (cuda_graphs=True), one call at a time"
+        if isinstance(self._model, OwnerThread):
+            how = "on one thread of its own (serial=True)"
+        else:
+            how = f"{self.runners} model instance{'s' * (self.runners != 1)}"
+        gil = "the GIL released during each run" if self.gil_released else "through torch's loader (the GIL held)"
+        return f"{how}, {gil}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The model's output. Callable from many threads at once: the AOTInductor runner is (0 wrong of 200 calls
@@ -651,4 +665,4 @@ def load(
             name=f"fullgraph {os.path.basename(path)}",
         )  # fmt: skip
     return LoadedPackage(os.path.abspath(path), sha, meta, model, ops, verdict, check_indices=check_indices,
-                         gil_released=released)  # fmt: skip
+                         gil_released=released, runners=runners)  # fmt: skip
