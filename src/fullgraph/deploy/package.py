@@ -632,11 +632,11 @@ def load(
     device = meta.get("AOTI_DEVICE_KEY") or "cpu"
     if cuda_graphs and not device.startswith("cuda"):
         raise UsageError(f"cuda_graphs=True: {shown} runs on {device}; CUDA graphs need a package exported on a GPU")
-    pooled = device.startswith("cuda") and not cuda_graphs
+    uncaptured_cuda = device.startswith("cuda") and not cuda_graphs  # the defaults' case, serial or pooled
     if runners is None:
-        runners = DEFAULT_CUDA_RUNNERS if pooled and not serial else 1
+        runners = DEFAULT_CUDA_RUNNERS if uncaptured_cuda and not serial else 1
     asked_gil = release_gil is not None  # only a release asked for says why it could not be
-    release_gil = pooled if release_gil is None else release_gil
+    release_gil = uncaptured_cuda if release_gil is None else release_gil
     verdict = None
     if probe_first:
         verdict = run_probe(path, sha, device_index, probe_timeout, ops, modules)
