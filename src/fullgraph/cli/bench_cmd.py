@@ -244,6 +244,17 @@ SUITES = {
         [
             ("--replicas", {"type": int, "default": 4, "help": "replica processes per variant (default 4)"}),
             (
+                "--steady-rounds",
+                {
+                    "type": int,
+                    "default": None,
+                    "metavar": "N",
+                    "help": "every replica stays alive after its first output and times N rounds of --reps calls, "
+                    "the replicas in turn, so that all variants' steady states are measured over the same minutes "
+                    "(default 5; 0: each replica times itself before it exits)",
+                },
+            ),
+            (
                 "--variants",
                 {
                     "help": "cold (no remote cache: the baseline), sequential (one after another), together "

@@ -41,7 +41,10 @@ the other actions fullgraph's compiler and our ops as well.
 `--build` names a top-level function of any importable module (this layer imports no models): called with
 `--build-kwargs` (a JSON object), it returns an fp32 `nn.Module` on the CPU; the child moves it to `--device` and
 `--dtype`. `--inputs` is a `torch.save`d list of tensors (fp32, CPU), cast the same way. With `--out`, the first
-output is saved (its tensors, in fp32 on the CPU) for the parent to compare against eager fp32.
+output is saved (its tensors, in fp32 on the CPU) for the parent to compare against eager fp32. With `--hold`, an
+action that ran a model stays alive after its JSON line (which then says `holding: true`) and answers each `time N`
+line on stdin with `{"round_ms": ...}`, the median of N more calls, until `exit` or the end of stdin: `bench fleet`
+interleaves its replicas' steady states that way.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -103,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--package", help="AOTInductor package, .pt2 (load-package, export)")
     p.add_argument("--precompiled", help="precompiled file (load-precompiled, save-precompiled)")
     p.add_argument("--out", help="save the first output here (torch.save, fp32 CPU tensors)")
+    p.add_argument(
+        "--hold",
+        action="store_true",
+        help='after the JSON line, stay alive and answer `time N` on stdin with one line `{"round_ms": median}` '
+        "of N more calls, until `exit` or the end of stdin (a parent interleaves processes' steady states)",
+    )
     return p
 
 
@@ -190,7 +199,11 @@ def _started(clock: _Clock, make: Callable[[], Callable[..., Any]], inputs: tupl
     return fn, out, seconds
 
 
-def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
+Timer = Callable[[int], float]  # the median ms of N more calls of the loaded model
+
+
+def _run(args: argparse.Namespace, report: dict[str, Any]) -> Timer | None:
+    """The action, its phases in `report`; the steady-state timer of the model it ran, where it ran one."""
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     clock = _Clock(device, report)
     loaded = torch.load(args.inputs, weights_only=True)
@@ -201,8 +214,7 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         report["build_s"] = None  # the weights are in the package
         graphs = device.type == "cuda" and _replays(args.preset)
         fn = clock.time("load_s", lambda: package.load(_need(args, "package"), cuda_graphs=graphs))
-        _finish(args, report, fn, inputs, device, *first_call(lambda: fn(*inputs), device))
-        return
+        return _finish(args, report, fn, inputs, device, *first_call(lambda: fn(*inputs), device))
     import fullgraph.compile
     from fullgraph.compile import resolve
     from fullgraph.deploy import build, cache, precompile
@@ -213,21 +225,21 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         clock.time("export_s", lambda: build.export(model, inputs, path))
         verdict = clock.time("probe_s", lambda: package.probe(path))
         report.update(probe_ok=verdict["ok"], probe_detail=verdict["detail"], file_bytes=os.path.getsize(path))
-        return
+        return None
     if args.action == "save-precompiled":
         model = clock.time("build_s", lambda: _build(args, device, dtype))
         path = _need(args, "precompiled")
         options = {k: v for k, v in resolve(args.preset).options.items() if not k.startswith("triton.cudagraph")}
         clock.time("save_s", lambda: precompile.save_precompiled(model, inputs, path, options=options))
         report["file_bytes"] = os.path.getsize(path)
-        return
+        return None
     if args.action == "publish":
         from fullgraph.deploy import published
 
         model = clock.time("build_s", lambda: _build(args, device, dtype))
         key, size = clock.time("publish_s", lambda: published.publish(model, inputs, preset=args.preset))
         report.update(key=key, file_bytes=size)
-        return
+        return None
     if args.action == "serve":
         from fullgraph.deploy import published
 
@@ -254,13 +266,14 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         path = _need(args, "cache")
         meta = clock.time("save_s", lambda: cache.save_cache(path, preset=args.preset, signature=signature))
         report.update(file_bytes=os.path.getsize(path), artifacts=meta.artifacts)
-        return
-    _finish(args, report, fn, inputs, device, first_s, out)
+        return None
+    return _finish(args, report, fn, inputs, device, first_s, out)
 
 
 def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., Any], inputs: tuple[Any, ...],
-            device: torch.device, first_s: float, out: Any, timed: bool = True) -> None:  # fmt: skip
-    """Report the first call (and save its output with --out), then time `--reps` more calls unless not `timed`."""
+            device: torch.device, first_s: float, out: Any, timed: bool = True) -> Timer | None:  # fmt: skip
+    """Report the first call (and save its output with --out), then time `--reps` more calls unless not `timed`;
+    the timer of further calls."""
     report["first_call_s"] = first_s
     report["first_output_s"] = report["load_s"] + first_s
     report["counters"] = _counters()
@@ -268,10 +281,29 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., 
         leaves = [t.detach().float().cpu() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         torch.save(leaves, args.out)
     if not timed:
-        return
+        return None
+
+    def steady(reps: int) -> float:
+        with torch.no_grad():
+            return measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(reps, 1)).median_ms
+
     with torch.no_grad():
         timing = measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(args.reps, 1))
     report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms)
+    return steady
+
+
+def _hold(steady: Timer, lines: Iterable[str]) -> None:
+    """--hold: answer `time N` with the median of N more calls, one JSON line each, until `exit` or the end."""
+    for line in lines:
+        words = line.split()
+        if words[:1] == ["exit"]:
+            return
+        if len(words) == 2 and words[0] == "time" and words[1].isdigit():
+            print(json.dumps({"round_ms": steady(int(words[1]))}), flush=True)
+        elif words:
+            print(json.dumps({"error": f"--hold: unknown request {line.strip()[:80]!r}; send `time N` or `exit`"}),
+                  flush=True)  # fmt: skip
 
 
 def bytecode_cache() -> dict[str, Any]:
@@ -285,11 +317,14 @@ def bytecode_cache() -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None, clock: Sequence[float] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, clock: Sequence[float] | None = None,
+         after: Callable[[], None] | None = None) -> int:  # fmt: skip
     """Run one action and print its JSON line; 0 when it worked, 1 when it failed (the line says why).
 
     `clock`: perf_counter values before `import torch`, after it, and after importing fullgraph's compile and
-    deploy layers, taken by a bootstrap before this module was imported; without it the import times are null."""
+    deploy layers, taken by a bootstrap before this module was imported; without it the import times are null.
+    `after`: called once the line is printed (a bootstrap's own line), before --hold holds; the line says
+    `holding: true` when it will."""
     args = _parser().parse_args(argv)
     report: dict[str, Any] = {"action": args.action, "ok": False, "error": None, "pid": os.getpid()}
     report["bytecode"] = bytecode_cache()
@@ -297,13 +332,20 @@ def main(argv: Sequence[str] | None = None, clock: Sequence[float] | None = None
         report["import_torch_s"], report["import_fullgraph_s"] = clock[1] - clock[0], clock[2] - clock[1]
     else:
         report["import_torch_s"] = report["import_fullgraph_s"] = None
+    steady = None
     try:
-        _run(args, report)
+        steady = _run(args, report)
         report["ok"] = True
     except Exception as e:  # a DeployError, or whatever the model or torch raised: reported, not raised
         traceback.print_exc()
         report["error"] = first_line(e, 400)
+    hold = bool(args.hold and steady and report["ok"])
+    report["holding"] = hold
     print(json.dumps(report), flush=True)
+    if after is not None:
+        after()
+    if hold:
+        _hold(steady, sys.stdin)
     return 0 if report["ok"] else 1
 
 

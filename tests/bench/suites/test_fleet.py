@@ -1,6 +1,8 @@
 import argparse
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -59,6 +61,11 @@ def test_later_replicas_have_no_remote_fx_graph_misses_and_published_replicas_co
         value[("sequential-2", "first_output_s")] / value[("sequential-1", "first_output_s")]
     )
     assert "published precompiled code" in table and "published-0" in table
+    # every replica that ran a model stayed alive and timed its steady state in turns with the others
+    assert "steady state: 5 rounds of 1 calls, the 4 replicas in turn" in said
+    for name in ("sequential-1", "sequential-2", "published-1", "published-2"):
+        assert value[(name, "steady_rounds")] == 5 and value[(name, "steady_ms")] > 0
+    assert ("published-0", "steady_rounds") not in value
 
 
 def test_a_replica_is_summed_up_in_one_line():
@@ -94,3 +101,116 @@ def test_the_cold_median_is_the_baseline_and_a_fallback_is_a_failure():
     assert ("cold-1", "first_output_x_cold") not in value and ("published-0", "first_output_x_cold") not in value
     assert failure == "published-2: not served from the published code (compiled here: no published entry)"
     assert "cold median 12.00 s" in table and "published 2.0 MB in 9.0 s" in table
+
+
+def test_a_held_child_answers_each_time_request_with_one_line_until_exit(capsys):
+    from fullgraph.deploy import coldstart
+
+    asked: list[int] = []
+
+    def steady(reps):
+        asked.append(reps)
+        return 0.5 * reps
+
+    coldstart._hold(steady, iter(["time 3\n", "\n", "time x\n", "time 7\n", "exit\n", "time 9\n"]))
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert asked == [3, 7]  # nothing after `exit`
+    assert lines[0] == {"round_ms": 1.5} and lines[2] == {"round_ms": 3.5}
+    assert "unknown request 'time x'" in lines[1]["error"] and len(lines) == 3
+
+
+# A stand-in replica speaking coldstart's --hold protocol: its report and remote lines, then one round per request
+# (the round's figure is its name's length plus 10 per request so far), logging each request it answers; it exits
+# with status 3 at request DIE (0: never).
+FAKE = """
+import json, sys
+name, die, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+print("a line that is not JSON", flush=True)
+print(json.dumps({"action": "compile", "ok": True, "holding": True, "median_ms": 99.0}), flush=True)
+print(json.dumps({"remote": {"hit": 2, "miss": 0}}), flush=True)
+n = 0
+for line in sys.stdin:
+    if line.startswith("exit"):
+        break
+    n += 1
+    if n == die:
+        print("RuntimeError: lost the device", file=sys.stderr, flush=True)
+        sys.exit(3)
+    with open(log, "a") as f:
+        f.write(f"{name} {line.split()[1]}\\n")
+    print(json.dumps({"round_ms": float(len(name) + 10 * n)}), flush=True)
+"""
+
+
+def _fake(tmp_path, name, die=0):
+    log = tmp_path / "asked.log"
+    with open(tmp_path / f"{name}.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", FAKE, name, str(die), str(log)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)  # fmt: skip
+    return fleet._Replica(name, proc, str(tmp_path))
+
+
+def test_steady_rounds_interleave_the_held_replicas_rotating_the_order_and_a_dead_one_fails(tmp_path):
+    runs = {"cold": [fleet._finish(_fake(tmp_path, "a"), 30.0)],
+            "published": [fleet._finish(_fake(tmp_path, "bb"), 30.0), fleet._finish(_fake(tmp_path, "ccc", die=2),
+                                                                                    30.0)]}  # fmt: skip
+    a, b, c = runs["cold"][0], *runs["published"]
+    assert a["ok"] and a["remote"] == {"hit": 2, "miss": 0} and a["steady_ms"] == 99.0 and "rep" in a
+    said: list[str] = []
+    reps = [r["rep"] for r in (a, b, c)]
+    try:
+        fleet.steady_rounds(runs, 3, 4, 30.0, said.append)
+    finally:
+        for r in (a, b, c):
+            if r.get("rep"):
+                fleet._close(r, 10.0)
+    assert said == ["steady state: 3 rounds of 4 calls, the 3 replicas in turn"]
+    # round 1: a bb ccc; round 2 starts one later (bb ccc a: ccc dies); round 3 (ccc a bb) skips the dead one
+    order = (tmp_path / "asked.log").read_text().split("\n")
+    assert order == ["a 4", "bb 4", "ccc 4", "bb 4", "a 4", "a 4", "bb 4", ""]
+    assert a["rounds_ms"] == [11.0, 21.0, 31.0] and a["steady_ms"] == 21.0  # the median of its rounds
+    assert b["steady_ms"] == 22.0 and b["ok"]
+    assert not c["ok"] and c["rounds_ms"] == [13.0]
+    assert c["error"] == "exit 3: stopped answering in steady round 2"
+    assert "RuntimeError: lost the device" in (tmp_path / "ccc.log").read_text()
+    for r, rep in zip((a, b, c), reps, strict=True):  # every process ended and its log written
+        assert "rep" not in r and rep.proc.returncode == (3 if r is c else 0)
+        assert (tmp_path / f"{r['name']}.log").exists()
+
+
+def test_a_replica_that_dies_before_its_report_fails_with_its_exit_status_and_stderr(tmp_path):
+    code = "import sys; print('RuntimeError: CUDA error: out of memory', file=sys.stderr); sys.exit(2)"
+    with open(tmp_path / "x.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, text=True, start_new_session=True)  # fmt: skip
+    r = fleet._finish(fleet._Replica("x", proc, str(tmp_path)), 30.0)
+    assert not r["ok"] and r["error"] == "exit 2: RuntimeError: CUDA error: out of memory"
+    assert "rep" not in r
+
+
+def test_interleaved_rounds_set_the_steady_ratio_and_are_kept_in_the_csv():
+    def replica(name, alone, rounds):
+        child = {"first_output_s": 10.0, "median_ms": alone, "how": "published precompiled code"}
+        return {"name": name, "ok": True, "error": None, "process_s": 20.0, "remote": {}, "output": None,
+                "child": child, "rounds_ms": rounds,
+                "steady_ms": sorted(rounds)[len(rounds) // 2]}  # fmt: skip
+
+    # timed alone, the cold replica (the first processes on a fresh machine) looked 5% slower; interleaved, not
+    runs = {"cold": [replica("cold-1", 2.10, [2.0, 2.02, 1.98])],
+            "published": [replica("published-1", 2.00, [2.04, 2.0, 2.02])]}  # fmt: skip
+    rows, table, failure = fleet.report(fleet.plan_from(_args()), runs, None)
+    value = {(r.variant, r.metric): r.value for r in rows}
+    assert value[("published-1", "steady_x_cold")] == pytest.approx(2.02 / 2.0)
+    assert value[("published-1", "median_ms")] == 2.0 and value[("published-1", "steady_rounds")] == 3
+    params = next(json.loads(r.params) for r in rows if r.variant == "published-1")
+    assert params["rounds_ms"] == [2.04, 2.0, 2.02]
+    assert "steady: the median of 3 rounds of 1 calls, the replicas interleaved" in table and failure is None
+
+
+def test_a_replica_with_no_report_by_its_timeout_is_stopped_and_failed(tmp_path):
+    with open(tmp_path / "slow.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)  # fmt: skip
+    r = fleet._finish(fleet._Replica("slow", proc, str(tmp_path)), 0.5)
+    assert not r["ok"] and r["error"].startswith("exit -9, SIGKILL: no report within 0.5 s")
+    assert proc.returncode == -9

@@ -17,20 +17,25 @@ Variants, each in its own Redis database:
   that falls back to compiling is a failure.
 Redis is a private redis-server started by the command line (`Sources.redis_server`), or --remote URL. Per replica:
 time to first output (from the model on the device to its first output, Redis fetches included: coldstart's
-`first_output_s`) and its ratio to the cold median, steady-state time and its ratio to the cold replicas', torch's
-FX-graph and AOTAutograd hits and misses, the remote cache's hits, misses, refusals and writes, and compile time
-saved (on the CPU, Inductor's C++ kernels are not in the remote entry: a replica still compiles them).
+`first_output_s`) and its ratio to the cold median, steady-state time (STEADY_ROUNDS) and its ratio to the cold
+replicas', torch's FX-graph and AOTAutograd hits and misses, the remote cache's hits, misses, refusals and writes,
+and compile time saved (on the CPU, Inductor's C++ kernels are not in the remote entry: a replica still compiles
+them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -42,7 +47,6 @@ from fullgraph.bench.results import Result, make_rows
 from fullgraph.bench.suites.coldstart import (
     Plan,
     _exit_text,
-    _json_line,
     _why,
     child_env,
     plan_from,
@@ -58,9 +62,14 @@ BOOT = (
     "import json, os, sys, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
     "import fullgraph.deploy.coldstart as c, fullgraph.deploy.remote as r; c.prepare(sys.argv[1]); "
     "t2 = time.perf_counter(); fleet = r.remote_cache() if os.environ.get(r.ENV_URL) else None; "
-    "rc = c.main(sys.argv[1:], clock=(t0, t1, t2)); "
-    "print(json.dumps({'remote': fleet.stats() if fleet else {}}), flush=True); sys.exit(rc)"
+    "sys.exit(c.main(sys.argv[1:], clock=(t0, t1, t2), "
+    "after=lambda: print(json.dumps({'remote': fleet.stats() if fleet else {}}), flush=True)))"
 )
+# Steady state: every replica stays alive after its first output (coldstart's --hold), and once all have started,
+# each times STEADY_ROUNDS rounds of --reps calls in turn, the order rotated every round. A replica's steady time is
+# the median of its rounds: the cold replicas' and the others' interleaved over the same minutes, so that a drift of
+# the machine (the first processes of a fresh machine ran 3-7% slower on the H100) does not read as a difference.
+STEADY_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -86,42 +95,147 @@ def _remote_line(stdout: str) -> dict[str, Any]:
     return json.loads(lines[-1])["remote"] if lines else {}
 
 
-def _start(name: str, plan: Plan, work: str, url: str | None, key: str,
-           action: str = "compile") -> tuple[str, subprocess.Popen, float]:  # fmt: skip
+class _Replica:
+    """A replica process and its stdout, read line by line by a thread (its stderr goes to a file)."""
+
+    def __init__(self, name: str, proc: subprocess.Popen, work: str):
+        self.name, self.proc, self.work, self.start = name, proc, work, time.perf_counter()
+        self.err_path = os.path.join(work, f"{name}.err")
+        self.stdout: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name=f"fleet-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.stdout.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def message(self, wanted: Callable[[dict[str, Any]], bool], deadline: float) -> dict[str, Any] | None:
+        """The next JSON line that `wanted` accepts, or None at the end of stdout or past `deadline`."""
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.perf_counter(), 0.0))
+            except queue.Empty:
+                return None
+            if line is None:
+                self._lines.put(None)  # the end stays the end for the next reader
+                return None
+            if line.startswith("{"):
+                try:
+                    found = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(found, dict) and wanted(found):
+                    return found
+
+    def ask(self, request: str) -> bool:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(request + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):  # it died: the caller reports how
+            return False
+
+    def end(self, timeout: float) -> tuple[str, str]:
+        """Ask it to exit (a held replica), wait, stop it past `timeout` (its whole process group); its stdout and
+        stderr."""
+        self.ask("exit")
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._reader.join(timeout=10)
+        with open(self.err_path, encoding="utf-8", errors="replace") as err:
+            return "".join(self.stdout), err.read()
+
+
+def _start(name: str, plan: Plan, work: str, url: str | None, key: str, action: str = "compile",
+           hold: bool = False) -> _Replica:  # fmt: skip
     """A fresh replica process running coldstart's `action`, with its own empty local caches; through the remote
-    cache at `url` (signed with `key`), or without one for None."""
+    cache at `url` (signed with `key`), or without one for None. With `hold`, it stays alive after its first output
+    for the steady-state rounds."""
     argv = [sys.executable, "-c", BOOT, action, "--build", plan.spec.build, "--build-kwargs",
             json.dumps(plan.build_kwargs), "--inputs", os.path.join(work, "inputs.pt"), "--device", plan.device,
             "--dtype", plan.dtype, "--preset", plan.preset, "--reps", str(plan.reps),
-            "--out", os.path.join(work, f"{name}.out.pt")]  # fmt: skip
+            "--out", os.path.join(work, f"{name}.out.pt"), *(["--hold"] if hold else [])]  # fmt: skip
     env = child_env(work, f"inductor-{name}")
     if url is not None:
         env.update(FULLGRAPH_REMOTE_CACHE=url, FULLGRAPH_REMOTE_CACHE_KEY=key)
     env["FULLGRAPH_CACHE_DIR"] = os.path.join(work, f"fullgraph-{name}")
-    pipe = subprocess.PIPE
-    proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, text=True,
-                            start_new_session=True)  # fmt: skip
-    return name, proc, time.perf_counter()
+    with open(os.path.join(work, f"{name}.err"), "w", encoding="utf-8") as err:
+        proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                text=True, start_new_session=True)  # fmt: skip
+    return _Replica(name, proc, work)
 
 
-def _finish(started: tuple[str, subprocess.Popen, float], work: str, timeout: float) -> dict[str, Any]:
+def _result(rep: _Replica, child: dict[str, Any], remote: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    name, proc, start = started
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, stderr = proc.communicate()
-    with open(os.path.join(work, f"{name}.log"), "w", encoding="utf-8") as log:
-        log.write(f"--- stdout\n{stdout}\n--- stderr\n{stderr}")
-    child, remote = _json_line(stdout) or {}, _remote_line(stdout)
-    ok = bool(child.get("ok")) and proc.returncode == 0
-    error = None if ok else f"{_exit_text(proc.returncode)}: {child.get('error') or _why(stderr)}"
-    out = os.path.join(work, f"{name}.out.pt")
+    ok = bool(child.get("ok"))
+    out = os.path.join(rep.work, f"{rep.name}.out.pt")
     output = torch.load(out, weights_only=True) if ok and os.path.exists(out) else None
-    return {"name": name, "ok": ok, "error": error, "process_s": time.perf_counter() - start, "child": child,
-            "remote": remote, "output": output}  # fmt: skip
+    return {"name": rep.name, "ok": ok, "error": None, "process_s": time.perf_counter() - rep.start,
+            "child": child, "remote": remote, "output": output, "steady_ms": child.get("median_ms"),
+            "rounds_ms": []}  # fmt: skip
+
+
+def _close(r: dict[str, Any], timeout: float, failed: str | None = None) -> None:
+    """End a replica's process and write its log; a failure (`failed`, a report that says so, or an exit status
+    other than 0) becomes the result's error, with the exit status and the line of stderr that says most."""
+    rep: _Replica = r.pop("rep")
+    stdout, stderr = rep.end(timeout)
+    with open(os.path.join(rep.work, f"{rep.name}.log"), "w", encoding="utf-8") as log:
+        log.write(f"--- stdout\n{stdout}\n--- stderr\n{stderr}")
+    r["remote"] = r["remote"] or _remote_line(stdout)
+    why = failed or r["child"].get("error") or _why(stderr)
+    if failed or not r["ok"] or rep.proc.returncode != 0:
+        r["ok"], r["error"] = False, f"{_exit_text(rep.proc.returncode)}: {why}"
+
+
+def _finish(rep: _Replica, timeout: float) -> dict[str, Any]:
+    """The replica's report once it printed it; one that holds stays alive (`rep`), any other is ended."""
+    deadline = time.perf_counter() + timeout
+    child = rep.message(lambda d: "action" in d, deadline) or {}
+    remote = (rep.message(lambda d: "remote" in d, deadline) or {}).get("remote", {}) if child else {}
+    r = _result(rep, child, remote)
+    r["rep"] = rep
+    if r["ok"] and child.get("holding"):
+        return r
+    late = not child and time.perf_counter() >= deadline  # no report by the deadline (not its stdout's end): stopped
+    _close(r, max(deadline - time.perf_counter(), 1.0), f"no report within {timeout:g} s" if late else None)
+    return r
+
+
+def steady_rounds(runs: dict[str, list[dict[str, Any]]], rounds: int, reps: int, timeout: float, say) -> None:
+    """Each held replica times `rounds` rounds of `reps` calls, one replica at a time, the order rotated each
+    round; its steady time becomes the median of its rounds. A replica that stops answering is a failure."""
+    held = [r for done in runs.values() for r in done if r.get("rep")]
+    if not held:
+        return
+    say(f"steady state: {rounds} rounds of {reps} calls, the {len(held)} replicas in turn")
+    for k in range(rounds):
+        for r in held[k % len(held) :] + held[: k % len(held)]:
+            rep = r.get("rep")
+            if rep is None:  # it failed in an earlier round
+                continue
+            asked = rep.ask(f"time {reps}")
+            answer = rep.message(lambda d: "round_ms" in d, time.perf_counter() + timeout) if asked else None
+            if answer is None:
+                _close(r, timeout, failed=f"stopped answering in steady round {k + 1}")
+            else:
+                r["rounds_ms"].append(answer["round_ms"])
+    for r in held:
+        if r["rounds_ms"]:
+            r["steady_ms"] = statistics.median(r["rounds_ms"])
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -141,53 +255,58 @@ def summary(r: dict[str, Any]) -> str:
     return f"{r['name']}: " + ", ".join(figures) + (f" ({c['how']})" if c.get("how") else "")
 
 
-def run_variant(variant: str, plan: Plan, work: str, url: str, key: str, n: int, say) -> list[dict[str, Any]]:
-    """The replicas of one variant, finished (the published variant's publisher first, as replica 0), each said in
-    a line as it finishes."""
+def run_variant(variant: str, plan: Plan, work: str, url: str, key: str, n: int, say, done: list[dict[str, Any]],
+                hold: bool = False) -> None:  # fmt: skip
+    """The replicas of one variant (the published variant's publisher first, as replica 0), appended to `done` as
+    each finishes (so that a caller can end the held ones if this stops), each said in a line. With `hold`, every
+    replica that ran stays alive for the steady-state rounds."""
     names = [f"{variant}-{i + 1}" for i in range(n)]
-    done: list[dict[str, Any]] = []
 
-    def finish(started: tuple[str, subprocess.Popen, float]) -> dict[str, Any]:
-        done.append(_finish(started, work, plan.timeout))
+    def finish(started: _Replica) -> dict[str, Any]:
+        done.append(_finish(started, plan.timeout))
         say(summary(done[-1]))
         return done[-1]
 
     if variant == "together":
         say(f"{variant}: {n} fresh processes at once")
-        for started in [_start(name, plan, work, url, key) for name in names]:
+        for started in [_start(name, plan, work, url, key, hold=hold) for name in names]:
             finish(started)
-        return done
+        return
     if variant == "published":
         say(f"{variant}-0: publishing the precompiled code (fullgraph.deploy.publish)")
         if not finish(_start(f"{variant}-0", plan, work, url, key, action="publish"))["ok"]:
-            return done
+            return
     action = {"published": "serve"}.get(variant, "compile")
     for name in names:
         say(f"{name}: a fresh process with an empty local cache" + (", no remote cache" if variant == "cold" else ""))
-        finish(_start(name, plan, work, None if variant == "cold" else url, key, action))
-    return done
+        finish(_start(name, plan, work, None if variant == "cold" else url, key, action, hold=hold))
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _baseline(runs: dict[str, list[dict[str, Any]]], metric: str) -> float | None:
-    """The cold replicas' median of `metric`; without a cold variant, the first sequential replica's (it compiled)."""
+def _steady(r: dict[str, Any]) -> float | None:
+    """A replica's steady time: the median of its interleaved rounds, or what it timed alone before it exited."""
+    return r.get("steady_ms", r["child"].get("median_ms"))
+
+
+def _baseline(runs: dict[str, list[dict[str, Any]]], value: Callable[[dict[str, Any]], Any]) -> float | None:
+    """The cold replicas' median of `value`; without a cold variant, the first sequential replica's (it compiled)."""
     cold = runs.get("cold") or runs.get("sequential", [])[:1]
-    return _median([r["child"][metric] for r in cold if r["ok"] and r["child"].get(metric) is not None])
+    return _median([v for v in (value(r) for r in cold if r["ok"]) if v is not None])
 
 
 def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple[list[Result], str, str | None]:
     rows: list[Result] = []
     table, failures = [], []
-    cold_first, cold_steady = _baseline(runs, "first_output_s"), _baseline(runs, "median_ms")
+    cold_first, cold_steady = _baseline(runs, lambda r: r["child"].get("first_output_s")), _baseline(runs, _steady)
     for variant, done in runs.items():
         for i, r in enumerate(done):
             c, remote = r["child"], r["remote"]
             publisher = c.get("action") == "publish"
             counters = c.get("counters") or {}
-            first, steady = c.get("first_output_s"), c.get("median_ms")
+            first, steady = c.get("first_output_s"), _steady(r)
             replica = not publisher and variant != "cold"
             ratio = first / cold_first if replica and first is not None and cold_first else None
             steady_ratio = steady / cold_steady if replica and steady is not None and cold_steady else None
@@ -202,13 +321,17 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
             metrics.update(
                 {f"remote_{k}": (float(remote[k]), "") for k in ("hit", "miss", "refused", "put") if k in remote}
             )
+            rounds = r.get("rounds_ms") or []
+            if rounds:
+                metrics.update(steady_ms=(r["steady_ms"], "ms"), steady_rounds=(float(len(rounds)), ""))
             for k, v in (("compile_saved_s", saved), ("first_output_x_cold", ratio), ("steady_x_cold", steady_ratio),
                          ("rel_err", err)):  # fmt: skip
                 if v is not None:
                     metrics[k] = (v, "s" if k.endswith("_s") else "")
             params = {"model": plan.model, "batch": plan.batch, "dtype": plan.dtype, "preset": plan.preset,
                       "replicas": len(done), **({"error": r["error"]} if r["error"] else {}),
-                      **({"how": c["how"]} if c.get("how") else {})}  # fmt: skip
+                      **({"how": c["how"]} if c.get("how") else {}),
+                      **({"rounds_ms": [round(x, 5) for x in rounds]} if rounds else {})}  # fmt: skip
             rows += make_rows("fleet", plan.point, r["name"], metrics, params)
             misses = remote.get("by_cache", {}).get("fx-graph-v1.miss", 0)
             if not r["ok"]:
@@ -230,7 +353,10 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
     headers = ["replica", "1st output s", "x cold", "steady ms", "x cold", "FX hit/miss", "AOT hit/miss",
                "remote hit/miss/refused", "remote puts", "rel err vs fp32", "status"]  # fmt: skip
     base = f"cold median {cold_first:.2f} s" if cold_first is not None else "no cold replica finished"
-    about = f"{plan.point}: each replica a fresh process with an empty local cache, one Redis; {base}"
+    rounds = max((len(r.get("rounds_ms") or []) for done in runs.values() for r in done), default=0)
+    how = (f"steady: the median of {rounds} rounds of {plan.reps} calls, the replicas interleaved" if rounds
+           else f"steady: {plan.reps} calls in each replica before it exited")  # fmt: skip
+    about = f"{plan.point}: each replica a fresh process with an empty local cache, one Redis; {base}; {how}"
     return rows, "\n".join([about, format_table(headers, table)]), "; ".join(failures) or None
 
 
@@ -240,14 +366,25 @@ def run(args, sources: Sources) -> tuple[list[Result], str, str | None]:
     variants = tuple(v.strip() for v in (getattr(args, "variants", None) or ",".join(VARIANTS)).split(","))
     if n < 2 or any(v not in VARIANTS for v in variants):
         raise UsageError(f"--replicas at least 2, --variants from {', '.join(VARIANTS)}")
+    rounds = getattr(args, "steady_rounds", None)
+    rounds = STEADY_ROUNDS if rounds is None else rounds
+    if rounds < 0:
+        raise UsageError(f"--steady-rounds {rounds}: give 0 (each replica times itself before it exits) or more")
     key = secrets.token_hex(16)
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="fullgraph-fleet-") as work:
         sources.progress(f"{plan.point}: eager fp32 reference in this process")
         expected = write_inputs(plan, work)
         remote = getattr(args, "remote", None)
-        with sources.redis_server(work) if remote is None else _given(remote) as server:
-            runs = {v: run_variant(v, plan, work, _url(server.url, server.password, db), key, n, sources.progress)
-                    for db, v in enumerate(variants)}  # fmt: skip
+        try:
+            with sources.redis_server(work) if remote is None else _given(remote) as server:
+                for db, v in enumerate(variants):
+                    url = _url(server.url, server.password, db)
+                    run_variant(v, plan, work, url, key, n, sources.progress, runs[v], hold=rounds > 0)
+                steady_rounds(runs, rounds, plan.reps, plan.timeout, sources.progress)
+        finally:  # the held replicas end here, also when a variant failed or Ctrl-C stopped the run
+            for r in (r for done in runs.values() for r in done if r.get("rep")):
+                _close(r, 30.0)
     return report(plan, runs, expected)
 
 
