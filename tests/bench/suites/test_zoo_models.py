@@ -64,3 +64,28 @@ def test_each_model_builds_and_runs_eagerly_as_the_suite_calls_it(entry):
     with torch.no_grad():
         out = primary_output(model(*args, **kwargs))
     assert out.shape[0] == 2 and out.is_floating_point() and torch.isfinite(out).all()
+
+
+def test_a_classifier_started_at_zero_is_drawn_again_in_every_copy_the_suite_times():
+    # torchvision's ViT-B/16 zeroes its head when built without weights: every output 0, every error 0/0 (NaN)
+    from torch import nn
+
+    from fullgraph.bench.suites import zoo
+
+    def build(_):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3))
+        nn.init.zeros_(model[2].weight)
+        nn.init.zeros_(model[2].bias)
+        return model
+
+    kept = build(None)[0].weight.clone()
+    entry = zoo_models.Entry("small/zero_head", "", build, lambda b: ((torch.randn(b, 8),), {}), (2,))
+    models = zoo._build(entry, None, torch.device("cpu"), torch.float32)
+    heads = [m[2].weight for m in models.values()]
+    assert all(h.abs().sum() > 0 for h in heads) and all(torch.equal(h, heads[0]) for h in heads)
+    assert torch.equal(models["reference"][0].weight, kept)  # a layer that was not all zero keeps its weights
+    x = torch.randn(5, 8)
+    expected = models["reference"](x)
+    assert expected.norm() > 0 and zoo._rel_err(models["plain"](x), expected) == 0.0  # judged, not 0/0
+    assert zoo_models.redraw_zero_weights(build(None)) == 1 and zoo_models.redraw_zero_weights(models["plain"]) == 0

@@ -41,7 +41,7 @@ from fullgraph.bench.prewarm import run_children
 from fullgraph.bench.results import Result, make_rows, read_csv
 from fullgraph.bench.suites import DTYPES, parse_sizes
 from fullgraph.bench.suites.vit import parse_modes
-from fullgraph.bench.suites.zoo_models import MODELS, SMALL, Entry, import_library, primary_output
+from fullgraph.bench.suites.zoo_models import MODELS, SMALL, Entry, import_library, primary_output, redraw_zero_weights
 from fullgraph.bench.table import format_table
 from fullgraph.compile.rewrites import check_spec
 from fullgraph.env import first_line
@@ -296,7 +296,9 @@ def _build(entry: Entry, library, device: torch.device, dtype: torch.dtype) -> d
     """The float32 reference and three instances in `dtype` with its weights: plain (also eager), plain again,
     and the one fullgraph.compile compiles."""
     torch.manual_seed(0)
-    reference = entry.build(library).eval().to(device)
+    reference = entry.build(library).eval()
+    redraw_zero_weights(reference)  # a classifier started at zero (torchvision's ViT) would judge nothing
+    reference = reference.to(device)
     plain = copy.deepcopy(reference).to(dtype)
     return {"reference": reference, "plain": plain, "plain again": copy.deepcopy(plain),
             "fullgraph": copy.deepcopy(plain)}  # fmt: skip

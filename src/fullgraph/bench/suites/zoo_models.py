@@ -154,6 +154,19 @@ def import_library(library: str) -> tuple[Any, str]:
         return None, f"{library} does not import: {first_line(e)}"
 
 
+def redraw_zero_weights(model: nn.Module) -> int:
+    """Draw weights for the linear layers a library starts at zero, in place; how many there were. torchvision's
+    ViT-B/16 built with `weights=None` zeroes its classifier, so every output is exactly 0 and each variant's error
+    against the fp32 reference is 0/0 (NaN): nothing judged. A random model has no weights to keep."""
+    zero = [m for m in model.modules() if isinstance(m, nn.Linear) and not m.weight.detach().any()]
+    with torch.no_grad():
+        for m in zero:
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.normal_(m.bias, std=0.02)
+    return len(zero)
+
+
 def primary_output(out: Any) -> torch.Tensor:
     """The tensor a model's output is judged by: the tensor itself, a ModelOutput's or dict's first value
     (transformers' `last_hidden_state`), a tuple's first element."""

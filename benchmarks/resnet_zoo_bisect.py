@@ -1,0 +1,146 @@
+"""Which step of `bench zoo`'s flow makes fullgraph.compile's default mode lose on ResNet-50 b4 (issue 33)?
+
+`bench zoo` measured torchvision ResNet-50 b4 bf16 (default mode) at 0.63x plain torch.compile on an H100
+(results/zoo_torchvision_h100.*: plain 1.52 ms, fullgraph 2.41 ms; timm's ResNet-50 at 0.52-0.73x), while
+`resnet_host_probe.py`, which compiles the same call its own way, found 0.96-1.0x (results/resnet_host_probe_h100.txt).
+Both are host-bound (reduce-overhead ran at 0.99x). So something in the zoo's flow, not in fullgraph's compile,
+costs ~0.9 ms a call. Each step below runs in a fresh process and changes one thing from the zoo's flow:
+
+- `zoo`: the zoo's own `_build` and `_measure` (the ground truth: it must lose here as in the suite);
+- `copy`: the same steps written out here (must agree with `zoo`, else the copy misses something);
+- `ours-first`: fullgraph's model compiled and called before the plain ones;
+- `no-reset`: without `torch._dynamo.reset()` before the compiles;
+- `no-reference`: the fp32 reference model off the GPU once the expected output is computed;
+- `no-eager`: the eager call before the compiles left out;
+- `rewrites-none`: fullgraph.compile with rewrites=() (no pre-grad pass, no options).
+
+Per step: plain and fullgraph ms (interleaved rounds, as the zoo times), their ratio, fullgraph's compiled function
+called without its wrapper (`inner`), and, under torch.profiler,
+the CPU events per forward whose count or self time differ most between the two, so the extra work is named.
+
+Usage (GPU): PYTHONPATH=src python3 benchmarks/resnet_zoo_bisect.py [--model torchvision/resnet50] [--batch 4]
+A dry run on the CPU (the zoo's small stand-in model, fp32): --device cpu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+STEPS = ("zoo", "copy", "ours-first", "no-reset", "no-reference", "no-eager", "rewrites-none")
+
+
+def one(step: str, model: str, batch: int, device_name: str, reps: int) -> dict:
+    """Run `step` in this process; its figures."""
+    import torch
+
+    import fullgraph.compile
+    from fullgraph.bench.suites import zoo, zoo_models
+    from fullgraph.timing import resolve_device, round_medians
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from resnet_host_probe import op_counts
+
+    device = resolve_device(device_name)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    entry = next(e for e in (*zoo_models.MODELS, *zoo_models.SMALL) if e.name == model)
+    library, why = zoo_models.import_library(entry.library)
+    if why:
+        raise SystemExit(why)
+    models = zoo._build(entry, library, device, dtype)
+    torch.manual_seed(batch)
+    inputs = entry.inputs(batch)
+    args32, kwargs32 = zoo._to(inputs, device, torch.float32)
+    with torch.no_grad(), zoo.full_fp32():
+        expected = zoo_models.primary_output(models["reference"](*args32, **kwargs32)).float()
+    if step == "no-reference":
+        models["reference"].cpu()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    (a, kw) = low = zoo._to(inputs, device, dtype)
+    settings = zoo.Settings(device, dtype, ("default",), reps, "dev", () if step == "rewrites-none" else "auto",
+                            False)  # fmt: skip
+    if step == "zoo":
+        p = zoo.Point(entry.name, batch, "default")
+        zoo._measure(p, models, low, expected, settings, lambda what: None)
+        return {"step": step, "plain": p.ms["plain"], "fullgraph": p.ms["fullgraph"], "events": {}}
+    if step != "no-reset":
+        torch._dynamo.reset()
+    rewrites = () if step == "rewrites-none" else "auto"
+    ours = fullgraph.compile(models["fullgraph"], "dev", mode="default", rewrites=rewrites, approximate_gelu=False)
+    calls = {"eager": models["plain"], "plain": torch.compile(models["plain"]),
+             "plain again": torch.compile(models["plain again"]), "fullgraph": ours}  # fmt: skip
+    if step == "ours-first":
+        calls = {"fullgraph": ours, **{k: v for k, v in calls.items() if k != "fullgraph"}}
+    if step == "no-eager":
+        del calls["eager"]
+    with torch.no_grad():
+        for fn in calls.values():
+            fn(*a, **kw)
+        calls["inner"] = ours.__dict__["_compiled"]  # fullgraph's compiled function without its wrapper
+        part = {name: (lambda fn=calls[name]: fn(*a, **kw)) for name in (*zoo.COMPILED, "inner")}
+        medians = round_medians(part, device=device, rounds=zoo.ROUNDS, reps=reps)
+        events = {name: op_counts(lambda x, fn=calls[name]: fn(*a, **kw), None, device.type) for name in
+                  ("plain", "fullgraph")}  # fmt: skip
+    return {"step": step, "plain": statistics.median(medians["plain"]),
+            "fullgraph": statistics.median(medians["fullgraph"]), "inner": statistics.median(medians["inner"]),
+            "events": events}  # fmt: skip
+
+
+def differences(events: dict, top: int = 8) -> list[str]:
+    """The CPU events whose per-forward count or self time differ most between plain and fullgraph."""
+    if not events:
+        return []
+    plain, ours = events["plain"], events["fullgraph"]
+    keys = set(plain) | set(ours)
+
+    def gap(k: str) -> float:
+        return abs(ours.get(k, (0, 0))[1] - plain.get(k, (0, 0))[1])
+
+    lines = []
+    for k in sorted(keys, key=gap, reverse=True)[:top]:
+        (pc, pu), (oc, ou) = plain.get(k, (0, 0)), ours.get(k, (0, 0))
+        lines.append(f"    {k[:58]:58s} plain {pc:6.1f} x {pu:8.1f} us | fullgraph {oc:6.1f} x {ou:8.1f} us")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="a zoo model (default torchvision/resnet50; CPU: small/patch_mlp)")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    model = args.model or ("torchvision/resnet50" if args.device == "cuda" else "small/patch_mlp")
+    if args.one:
+        print("RESULT " + json.dumps(one(args.one, model, args.batch, args.device, args.reps)), flush=True)
+        return
+    print(f"{model} b{args.batch}, default mode, {args.device}: each step a fresh process")
+    print(f"{'step':14s} {'plain ms':>9s} {'fullgraph ms':>13s} {'fullgraph/plain':>16s} {'inner ms':>9s} {'s':>6s}")
+    for step in args.steps.split(","):
+        start = time.perf_counter()
+        argv = [sys.executable, os.path.abspath(__file__), "--one", step, "--model", model, "--batch",
+                str(args.batch), "--reps", str(args.reps), "--device", args.device]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True)
+        found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        if not found:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            print(f"{step:14s} failed (exit {done.returncode}): {tail[:150]}", flush=True)
+            continue
+        r = json.loads(found[-1][len("RESULT ") :])
+        inner = f"{r['inner']:9.3f}" if r.get("inner") else f"{'-':>9s}"
+        print(f"{step:14s} {r['plain']:9.3f} {r['fullgraph']:13.3f} {r['plain'] / r['fullgraph']:16.3f} {inner} "
+              f"{time.perf_counter() - start:6.0f}", flush=True)  # fmt: skip
+        for line in differences(r["events"]):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
