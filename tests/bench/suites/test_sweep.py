@@ -1,5 +1,6 @@
 import argparse
 import json
+import re
 
 import pytest
 
@@ -60,6 +61,19 @@ def test_small_sweep_runs_each_point_in_a_child_and_writes_decisions(tmp_path, m
     rows, timed = run_suite(tmp_path, "sweep", "--small", "--write-decisions", str(out))
     assert {r.suite for r in rows} == {"dit", "vit"}
     assert {"plain, compiled", "plain again (second instance), compiled", "ours auto, compiled"} <= timed
+    # the ViT point is a twin comparison named as the DiT one, so the summary and the noise rule read both
+    twins = {
+        "plain, compiled",
+        "plain again (second instance), compiled",
+        "ours auto, compiled",
+        "ours native, compiled",
+    }
+    assert {r.variant for r in rows if r.suite == "vit" and r.metric == "median_ms"} == twins
+    vit_case = next(r.case for r in rows if r.suite == "vit")
+    line = next(ln for ln in sweep.summary(rows).splitlines() if ln.startswith(vit_case))
+    assert len(re.findall(r"\d+\.\d+", line[len(vit_case) :])) == 3, line  # plain ms and both ratios
+    errs = {r.variant: r.value for r in rows if r.suite == "vit" and r.metric == "rel_err"}
+    assert errs["plain, compiled"] < 1e-4 and errs["ours native, compiled"] < 1e-2  # fp32 on the CPU
     assert json.loads(out.read_text())["format"] == measured.FORMAT
     measured.read_points(out)  # readable (on a CPU without kernels the per-op variants are skipped: no points)
 

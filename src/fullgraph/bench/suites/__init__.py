@@ -2,9 +2,13 @@
 
 import contextlib
 import functools
+import statistics
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from fullgraph.env import first_line
 from fullgraph.errors import UsageError
 
 # functions, not `fullgraph.ops` itself: the name `ops` here is the ops suite's submodule (fullgraph.bench.suites.ops)
@@ -60,3 +64,44 @@ def policy_context(spec: str | None):
     if not spec or (spec == "all=auto" and not snapshot()):
         return contextlib.nullcontext()
     return policy(**_parsed(spec))
+
+
+def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, tuple[Any, str | None]],
+                     call: Callable[[Any, str | None], torch.Tensor], expected: torch.Tensor, device: torch.device,
+                     reps: int, rounds: int, explain: Callable[[Any, str | None, Exception], str] | None = None,
+                     ) -> tuple[list, list[list], set[str]]:  # fmt: skip
+    """One point of a twin comparison (suites `dit` and `vit`): each variant's first call (its compile) and error
+    against `expected`, then every variant that ran timed in interleaved rounds (`timing.round_medians`, eager
+    variants, named "..., eager", in rounds of their own: an eager call loads the GPU another way). `variants`:
+    name -> (callable, op policy), called as `call(fn, policy)`; the reference variant is "plain, compiled", which
+    the "plain compiled / this" column and `over_plain_compiled` divide by. A variant whose first call raises is
+    skipped with the reason (`explain(fn, policy, error)`, or the error's first line). Returns the rows, the table
+    lines ([point, variant, ms, rounds, plain compiled / this, rel err]) and the names that ran."""
+    from fullgraph.bench.results import make_rows
+    from fullgraph.timing import round_medians
+
+    rows: list = []
+    table: list[list] = []
+    errors: dict[str, float] = {}
+    live: dict[str, Callable[[], torch.Tensor]] = {}
+    for name, (fn, pol) in variants.items():  # first calls compile, one policy at a time
+        try:
+            out = call(fn, pol)
+        except Exception as e:  # e.g. policy "kernel" where no kernel runs (the CPU without TRITON_INTERPRET)
+            reason = explain(fn, pol, e) if explain else first_line(e, 120)
+            table += [[point, name, None, "", None, None], [point, f"  skipped: {reason}", None, "", None, None]]
+            continue
+        live[name] = lambda fn=fn, pol=pol: call(fn, pol)
+        errors[name] = ((out.float() - expected).norm() / expected.norm()).item()
+    medians: dict[str, list[float]] = {}
+    for group in (False, True):
+        part = {name: fn for name, fn in live.items() if name.endswith(", eager") == group}
+        medians |= round_medians(part, device=device, rounds=rounds, reps=reps)
+    base = statistics.median(medians["plain, compiled"])
+    for name, m in medians.items():
+        med = statistics.median(m)
+        metrics = {"median_ms": (med, "ms"), "round_min_ms": (min(m), "ms"), "round_max_ms": (max(m), "ms"),
+                   "over_plain_compiled": (med / base, "x"), "rel_err": (errors[name], "")}  # fmt: skip
+        rows += make_rows(suite, point, name, metrics, params)
+        table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", base / med, errors[name]])
+    return rows, table, set(live)

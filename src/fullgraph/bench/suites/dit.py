@@ -22,18 +22,23 @@ on the CPU a small stack (dim 128, 2 heads, 2 blocks) at 64 tokens, fp32.
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows
-from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context, top_kernel_lines
+from fullgraph.bench.suites import (
+    DTYPES,
+    extra_policies,
+    parse_sizes,
+    policy_context,
+    time_interleaved,
+    top_kernel_lines,
+)
 from fullgraph.bench.table import format_table
 from fullgraph.env import first_line
 from fullgraph.errors import UsageError
 from fullgraph.models.dit import DiT, PlainDiT, config
-from fullgraph.timing import resolve_device, round_medians
+from fullgraph.timing import resolve_device
 
 ROUNDS = 5
 VIDEO_FRAME = 32 * 32  # tokens per frame of --rope video
@@ -141,38 +146,23 @@ def _points(args, device, dtype, tokens, cfg, reference, variants, ours, rows, t
             with policy_context(pol), torch.no_grad():
                 return fn(xd, cd)
 
+        def explain(fn, pol, e, call=call):
+            # Dynamo hides what the traced code raised ("Observed exception"); the eager call says it
+            try:
+                if pol:
+                    call(ours, pol)
+            except Exception as eager_error:
+                return first_line(eager_error, 120)
+            return first_line(e, 120)
+
         with torch.no_grad():
             expected = reference(x, c)
-        errors, live = {}, {}
-        for name, (fn, pol) in variants.items():  # first calls compile, one policy at a time
-            try:
-                out = call(fn, pol)
-            except Exception as e:  # e.g. policy "kernel" where no kernel runs (the CPU without TRITON_INTERPRET)
-                reason = first_line(e, 120)
-                try:  # Dynamo hides what the traced code raised ("Observed exception"); the eager call says it
-                    if pol:
-                        call(ours, pol)
-                except Exception as eager_error:
-                    reason = first_line(eager_error, 120)
-                table.append([point, name, None, "", None, None])
-                table.append([point, f"  skipped: {reason}", None, "", None, None])
-                continue
-            live[name] = (fn, pol)
-            errors[name] = ((out.float() - expected).norm() / expected.norm()).item()
-        calls = {name: (lambda fn=fn, pol=pol: call(fn, pol)) for name, (fn, pol) in live.items()}
         # compiled and eager variants in rounds of their own: an eager call loads the GPU another way (at 1024
         # tokens it idles half the time), and whatever ran before a timed block can shift it
-        medians = {}
-        for group in (False, True):
-            part = {name: fn for name, fn in calls.items() if name.endswith(", eager") == group}
-            medians |= round_medians(part, device=device, rounds=ROUNDS, reps=args.reps)
-        base = statistics.median(medians["plain, compiled"])
-        for name, m in medians.items():
-            med = statistics.median(m)
-            metrics = {"median_ms": (med, "ms"), "round_min_ms": (min(m), "ms"), "round_max_ms": (max(m), "ms"),
-                       "over_plain_compiled": (med / base, "x"), "rel_err": (errors[name], "")}  # fmt: skip
-            rows += make_rows("dit", point, name, metrics, params)
-            table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", base / med, errors[name]])
+        got, lines, live = time_interleaved("dit", point, params, variants, call, expected, device, args.reps, ROUNDS,
+                                            explain)  # fmt: skip
+        rows += got
+        table += lines
         if args.breakdown:
             extra = [f"ours {label}, compiled" for label in extra_policies(getattr(args, "policies", None))]
             for name in (n for n in (*BREAKDOWN, *extra) if n in live):

@@ -3,8 +3,9 @@
 Each point runs an existing suite in a child process (a fresh Dynamo and CUDA state, as a user's process starts):
 DiT points run suite `dit`, compiled only (ours `auto` and all `native` against the plain twin, "plain again" as the
 noise floor), plus one variant per op of `DECIDED_OPS` with every op native but that op's kernel, the op between
-its real neighbours; ViT points run suite `vit` (timm, or the plain twin without timm, against ours). Both
-compile modes, default and reduce-overhead. The rows go to the CSV as their suites write them.
+its real neighbours; ViT points run suite `vit`'s twin comparison (`vit.twins`: timm, or the plain twin without
+timm, and its second instance, against ours `auto` and all native, with the same variant names). Both compile
+modes, default and reduce-overhead. The rows go to the CSV as their suites write them.
 
 `--write-decisions FILE` turns the DiT points' per-op variants into the decision data format (docs/decisions.md;
 `fullgraph.ops.measured` reads it): at each point and mode, op X takes its kernel where "all native but X's kernel"
@@ -190,9 +191,8 @@ def _child_main(spec_json: str) -> None:
         from fullgraph.models.vit import CONFIGS, ViTConfig
 
         CONFIGS.setdefault("vit_h14", ViTConfig(dim=1280, depth=32, heads=16, patch=14))  # timm's vit_huge_patch14
-        ns = argparse.Namespace(**common, config=p.name, batches=str(p.batch), modes=p.mode, presets=None,
-                                dtype=dtype, policies=None)  # fmt: skip
-        rows, text = vit.run(ns)
+        ns = argparse.Namespace(**common, config=p.name, batches=str(p.batch), modes=p.mode, dtype=dtype)
+        rows, text = vit.twins(ns)
     if spec.get("warm"):  # --prewarm: the compiles were the point
         return
     print(text, flush=True)
@@ -278,6 +278,6 @@ def summary(rows: list[Result]) -> str:
         auto, again = ms.get((case, "ours auto, compiled")), ms.get((case, "plain again (second instance), compiled"))
         if plain is not None and auto is not None:
             table.append([case, plain, plain / auto, again and plain / again])
-        else:  # a ViT point: its own table holds the comparison (variants per preset and mode)
+        else:  # a point whose suite measured no twin (a CSV of the ViT suite before it did)
             table.append([case, None, None, None])
     return format_table(["point", "plain ms", "ours auto / plain (speed)", "plain again / plain"], table)

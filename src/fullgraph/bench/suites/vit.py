@@ -29,7 +29,14 @@ import torch
 import fullgraph.compile
 from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows, measurement_metrics
-from fullgraph.bench.suites import DTYPES, extra_policies, parse_sizes, policy_context, top_kernel_lines
+from fullgraph.bench.suites import (
+    DTYPES,
+    extra_policies,
+    parse_sizes,
+    policy_context,
+    time_interleaved,
+    top_kernel_lines,
+)
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
 from fullgraph.models.vit import PlainViT, ViT, config, load_timm_state_dict
@@ -192,6 +199,60 @@ def _rate_text(k) -> str:
     """ "gemm 712 TFLOP/s (90% of the measured ceiling)" for a kernel class with a counted rate."""
     share = f" ({k.pct_of_ceiling:.0f}% of the measured ceiling)" if k.pct_of_ceiling is not None else ""
     return f"{k.name} {k.rate:.0f} {k.unit}{share}"
+
+
+# The sweep's ViT point (issue 32): ours under these op policies against the reference and its second instance
+TWIN_POLICIES = {"ours auto, compiled": "all=auto", "ours native, compiled": "none"}
+TWIN_ROUNDS = 5
+
+
+def twins(args) -> tuple[list[Result], str]:
+    """The sweep's ViT point, measured as suite `dit` measures a DiT point: the reference (timm, or the plain twin)
+    compiled in --modes' one mode, a second instance of it ("plain again": the noise floor), and ours under `auto`
+    and all native, in interleaved rounds in this process, at each batch of --batches; errors against the
+    reference's eager fp32 output. The variants carry suite `dit`'s names, so the sweep's summary and noise rule
+    read both alike."""
+    device = resolve_device(args.device)
+    gpu = device.type == "cuda"
+    dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
+    modes = parse_modes(getattr(args, "modes", None), gpu)
+    if len(modes) != 1:
+        raise UsageError(f"--modes: the twin comparison takes one mode, got {', '.join(modes)}")
+    batches = parse_sizes("--batches", args.batches, "sizes like 4,64") if args.batches else CPU_BATCHES
+    cfg, label, ref, ours = build(args, gpu)
+    ref32 = ref.to(device)
+    short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    mode = _mode(modes[0])
+    torch._dynamo.reset()
+    compiled = {name: torch.compile(_copy_to(ref, device, dtype), mode=mode)
+                for name in ("plain, compiled", "plain again (second instance), compiled")}  # fmt: skip
+    ours_c = torch.compile(ours.to(device, dtype), mode=mode)
+    variants = {**{name: (fn, None) for name, fn in compiled.items()},
+                **{name: (ours_c, spec) for name, spec in TWIN_POLICIES.items()}}  # fmt: skip
+    rows: list[Result] = []
+    table: list[list] = []
+    for batch in batches:
+        torch.manual_seed(batch)
+        x = torch.randn(batch, cfg.in_chans, *cfg.img_size, device=device)
+        xd = x.to(dtype)
+        point = f"{cfg.dim}d x{cfg.depth} b{batch} {short}" + (f" {mode}" if mode else "")
+        params = {"config": args.config or "", "dim": cfg.dim, "depth": cfg.depth, "batch": batch, "dtype": short,
+                  "mode": modes[0], "reference": label}  # fmt: skip
+
+        def call(fn, pol, xd=xd):
+            with policy_context(pol), torch.no_grad():
+                return fn(xd)
+
+        with torch.no_grad():
+            expected = ref32(x).float()
+        # each policy of ours is a recompile of one forward, as is each batch
+        with torch._dynamo.config.patch(recompile_limit=64):
+            got, lines, _ = time_interleaved("vit", point, params, variants, call, expected, device, args.reps,
+                                             TWIN_ROUNDS)  # fmt: skip
+        rows += got
+        table += lines
+    headers = ["point", "variant", "ms", "rounds", "plain compiled / this", "rel err vs fp32"]
+    return rows, f"reference: {label}\n" + format_table(headers, table)
 
 
 class Policied:
