@@ -53,3 +53,11 @@ def test_foreign_csv_is_refused(tmp_path):
         results.append_csv(path, random_rows(1))
     with pytest.raises(UsageError, match="not a fullgraph results file"):
         results.read_csv(path)
+
+
+def test_appending_no_rows_makes_no_file(tmp_path):
+    path = tmp_path / "none.csv"
+    assert results.append_csv(path, []) == 0 and not path.exists()
+    results.append_csv(path, random_rows(2))
+    before = path.read_text()
+    assert results.append_csv(path, iter(())) == 0 and path.read_text() == before

@@ -90,8 +90,11 @@ def measurement_metrics(m: Measurement) -> dict[str, tuple[float, str]]:
 
 
 def append_csv(path: str | os.PathLike, rows: Iterable[Result]) -> int:
-    """Append rows to a CSV (header written when the file is new); returns how many were written."""
+    """Append rows to a CSV (header written when the file is new); returns how many were written. No rows: no file
+    made (`bench sweep --from-csv` measures nothing)."""
     rows = list(rows)
+    if not rows:
+        return 0
     path = os.fspath(path)
     exists = os.path.exists(path) and os.path.getsize(path) > 0
     if exists:
