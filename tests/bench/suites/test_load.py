@@ -209,6 +209,8 @@ def test_memory_is_read_in_the_threads_that_make_the_timed_calls(tmp_path, monke
     for n in (1, 4, 16):
         assert by["eager"][n]["mem_growth"] == 0.0
         assert by["eager"][n]["mem_after_first_bytes"] > 64 * 2**20  # each thread made its state before the reading
+    whole = by["eager"]["all"]  # every thread count's calls of the one callable: still none
+    assert whole["mem_growth"] == 0.0 and whole["calls"] == sum(by["eager"][n]["calls"] for n in (1, 4, 16))
 
 
 class Leaky(torch.nn.Module):
@@ -233,6 +235,10 @@ def test_memory_that_grows_with_the_calls_shows_as_growth(tmp_path, monkeypatch)
         point = by["eager"][n]
         grew = point["mem_end_bytes"] - point["mem_after_first_bytes"]
         assert point["mem_growth"] > 0 and grew >= 1024 * point["calls"]  # every timed call's KiB, in all rounds
+    # over all thread counts: the first point's baseline plus what every point's calls added
+    whole, calls = by["eager"]["all"], by["eager"][1]["calls"] + by["eager"][4]["calls"]
+    base = by["eager"][1]["mem_after_first_bytes"]
+    assert whole["calls"] == calls and whole["mem_growth"] >= 1024 * calls / base > 0
 
 
 def test_a_package_targets_second_kind_opens_the_file_again():

@@ -43,6 +43,7 @@ from fullgraph.bench.results import Result, make_rows
 from fullgraph.bench.suites import parse_sizes
 from fullgraph.bench.suites.load_threads import (
     CHECK_ROUNDS,
+    GROWTH_AFTER,
     Driver,
     Inputs,
     Tally,
@@ -391,6 +392,18 @@ def vs_one_thread(p: Point, base: Point | None) -> float | None:
     return p.calls_per_s / base.calls_per_s
 
 
+def kind_growth(points: Sequence[Point]) -> tuple[float, int] | None:
+    """GPU memory over all of one warm callable's timed calls, every thread count's: (growth, calls). The base is the
+    first point's reading after its first GROWTH_AFTER calls; each point then adds what its own calls added (other
+    readings fall between them: a new thread pool's first calls make per-thread state, which is no growth). None on
+    the CPU or where a reading is missing."""
+    if not points or any(p.mem_after is None or p.mem_end is None for p in points) or not points[0].mem_after:
+        return None
+    base = points[0].mem_after
+    end = base + sum(p.mem_end - p.mem_after for p in points)
+    return end / base - 1, sum(p.timed.calls for p in points)
+
+
 def describe(x: Inputs) -> str:
     tensors = [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
     specs = ["x".join(map(str, t.shape)) + ":" + str(t.dtype).removeprefix("torch.") for t in tensors[:3]]
@@ -428,6 +441,14 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
             growth = "n/a" if p.growth is None else f"{p.growth:+.1%}"
             table.append([plan.label(kind), p.threads, p.calls_per_s, p.timed.items / p.wall_s, ratio, p50, p99,
                           f"{p.checks.wrong}/{p.checks.checked}", p.exceptions, growth, p.first_call_s])  # fmt: skip
+        overall = None if plan.cold else kind_growth(points)
+        if overall is not None:  # the issue's "after 10,000 calls": every thread count's calls of one callable
+            growth, calls = overall
+            rows += make_rows("load", case, f"{variant}, all thread counts",
+                              {"mem_growth": (growth, ""), "calls": (calls, "")}, {"target": plan.target,
+                              "callable": kind, "start": start, "threads": "all"})  # fmt: skip
+            notes.append(f"{variant}: GPU memory {growth:+.1%} over {calls} timed calls after the first "
+                         f"{GROWTH_AFTER} (all thread counts)")  # fmt: skip
         checks, raised = total([p.checks for p in points]), sum(p.exceptions for p in points)
         first = next((p.first_error for p in points if p.first_error), None)
         if first:
