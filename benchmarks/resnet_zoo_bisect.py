@@ -6,8 +6,13 @@
 Both are host-bound (reduce-overhead ran at 0.99x). So something in the zoo's flow, not in fullgraph's compile,
 costs ~0.9 ms a call. Each step below runs in a fresh process and changes one thing from the zoo's flow:
 
-- `zoo`: the zoo's own `_build` and `_measure` (the ground truth: it must lose here as in the suite);
-- `copy`: the same steps written out here (must agree with `zoo`, else the copy misses something);
+- `cli`: `fullgraph bench zoo` itself at this one point (the ground truth: it lost there);
+- `zoo`: the zoo's own `_build` and `_measure` inside `capture_output()`, as the command line runs them (every
+  warning counted at every occurrence: a warning that torch shows once would cost its machinery at every call);
+  the warnings and log records caught while timing are listed;
+- `zoo-bare`: the same without the capture;
+- `copy`: the same steps written out here, under the capture (must agree with `zoo`, else the copy misses
+  something);
 - `ours-first`: fullgraph's model compiled and called before the plain ones;
 - `no-reset`: without `torch._dynamo.reset()` before the compiles;
 - `no-reference`: the fp32 reference model off the GPU once the expected output is computed;
@@ -25,6 +30,7 @@ A dry run on the CPU (the zoo's small stand-in model, fp32): --device cpu.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,19 +38,16 @@ import subprocess
 import sys
 import time
 
-STEPS = ("zoo", "copy", "ours-first", "no-reset", "no-reference", "no-eager", "rewrites-none")
+STEPS = ("cli", "zoo", "zoo-bare", "copy", "ours-first", "no-reset", "no-reference", "no-eager", "rewrites-none")
 
 
 def one(step: str, model: str, batch: int, device_name: str, reps: int) -> dict:
     """Run `step` in this process; its figures."""
     import torch
 
-    import fullgraph.compile
+    from fullgraph._capture import capture_output
     from fullgraph.bench.suites import zoo, zoo_models
-    from fullgraph.timing import resolve_device, round_medians
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from resnet_host_probe import op_counts
+    from fullgraph.timing import resolve_device
 
     device = resolve_device(device_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -62,13 +65,30 @@ def one(step: str, model: str, batch: int, device_name: str, reps: int) -> dict:
         models["reference"].cpu()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    (a, kw) = low = zoo._to(inputs, device, dtype)
+    low = zoo._to(inputs, device, dtype)
     settings = zoo.Settings(device, dtype, ("default",), reps, "dev", () if step == "rewrites-none" else "auto",
                             False)  # fmt: skip
-    if step == "zoo":
+    if step in ("zoo", "zoo-bare"):
         p = zoo.Point(entry.name, batch, "default")
-        zoo._measure(p, models, low, expected, settings, lambda what: None)
-        return {"step": step, "plain": p.ms["plain"], "fullgraph": p.ms["fullgraph"], "events": {}}
+        with capture_output() if step == "zoo" else contextlib.nullcontext() as caught:
+            zoo._measure(p, models, low, expected, settings, lambda what: None)
+        said = caught.summary() if caught is not None else []
+        return {"step": step, "plain": p.ms["plain"], "fullgraph": p.ms["fullgraph"], "events": {}, "caught": said}
+    with capture_output() as caught:
+        return _steps(step, models, low, device, reps, caught)
+
+
+def _steps(step, models, low, device, reps, caught) -> dict:
+    import torch
+
+    import fullgraph.compile
+    from fullgraph.bench.suites import zoo
+    from fullgraph.timing import round_medians
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from resnet_host_probe import op_counts
+
+    (a, kw) = low
     if step != "no-reset":
         torch._dynamo.reset()
     rewrites = () if step == "rewrites-none" else "auto"
@@ -89,7 +109,7 @@ def one(step: str, model: str, batch: int, device_name: str, reps: int) -> dict:
                   ("plain", "fullgraph")}  # fmt: skip
     return {"step": step, "plain": statistics.median(medians["plain"]),
             "fullgraph": statistics.median(medians["fullgraph"]), "inner": statistics.median(medians["inner"]),
-            "events": events}  # fmt: skip
+            "events": events, "caught": caught.summary()}  # fmt: skip
 
 
 def differences(events: dict, top: int = 8) -> list[str]:
@@ -109,6 +129,28 @@ def differences(events: dict, top: int = 8) -> list[str]:
     return lines
 
 
+def _cli(model: str, args) -> str:
+    """`fullgraph bench zoo` at the one point, in its own process: its line of this table."""
+    import tempfile
+
+    from fullgraph.bench.results import read_csv
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = os.path.join(tmp, "zoo.csv")
+        argv = [sys.executable, "-m", "fullgraph", "bench", "zoo", "--models", model, "--batches", str(args.batch),
+                "--modes", "default", "--reps", str(args.reps), "--device", args.device, "--csv", csv,
+                *(["--small"] if model.startswith("small/") else [])]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True)
+        ms = {r.variant: r.value for r in read_csv(csv) if r.metric == "median_ms"} if os.path.exists(csv) else {}
+    took = time.perf_counter() - start
+    if "plain" not in ms or "fullgraph" not in ms:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"{'cli':14s} failed (exit {done.returncode}): {tail[:150]}"
+    return (f"{'cli':14s} {ms['plain']:9.3f} {ms['fullgraph']:13.3f} {ms['plain'] / ms['fullgraph']:16.3f} "
+            f"{'-':>9s} {took:6.0f}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a zoo model (default torchvision/resnet50; CPU: small/patch_mlp)")
@@ -126,6 +168,9 @@ def main() -> None:
     print(f"{'step':14s} {'plain ms':>9s} {'fullgraph ms':>13s} {'fullgraph/plain':>16s} {'inner ms':>9s} {'s':>6s}")
     for step in args.steps.split(","):
         start = time.perf_counter()
+        if step == "cli":
+            print(_cli(model, args), flush=True)
+            continue
         argv = [sys.executable, os.path.abspath(__file__), "--one", step, "--model", model, "--batch",
                 str(args.batch), "--reps", str(args.reps), "--device", args.device]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True)
@@ -140,6 +185,8 @@ def main() -> None:
               f"{time.perf_counter() - start:6.0f}", flush=True)  # fmt: skip
         for line in differences(r["events"]):
             print(line, flush=True)
+        for line in r.get("caught", [])[:6]:
+            print(f"    caught: {line[:150]}", flush=True)
 
 
 if __name__ == "__main__":
