@@ -66,6 +66,11 @@ def policy_context(spec: str | None):
     return policy(**_parsed(spec))
 
 
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative error of `out` against a float32 reference (Frobenius norms)."""
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
 def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, tuple[Any, str | None]],
                      call: Callable[[Any, str | None], torch.Tensor], expected: torch.Tensor, device: torch.device,
                      reps: int, rounds: int, explain: Callable[[Any, str | None, Exception], str] | None = None,
@@ -92,7 +97,7 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
             table += [[point, name, None, "", None, None], [point, f"  skipped: {reason}", None, "", None, None]]
             continue
         live[name] = lambda fn=fn, pol=pol: call(fn, pol)
-        errors[name] = ((out.float() - expected).norm() / expected.norm()).item()
+        errors[name] = rel_err(out, expected)
     medians: dict[str, list[float]] = {}
     for group in (False, True):
         part = {name: fn for name, fn in live.items() if name.endswith(", eager") == group}

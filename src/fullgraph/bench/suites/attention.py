@@ -15,7 +15,7 @@ import torch
 from fullgraph.bench.ceilings import measure_ceilings
 from fullgraph.bench.results import Result, make_rows, timing_metrics
 from fullgraph.bench.roofline import attention_flops, pct_of, tflops
-from fullgraph.bench.suites import DTYPES, parse_sizes
+from fullgraph.bench.suites import DTYPES, parse_sizes, rel_err
 from fullgraph.bench.table import format_table
 from fullgraph.ops.attention import BACKENDS, attention, attention_choice
 from fullgraph.ops.attention_backends import serve_reason, spec_of
@@ -37,11 +37,6 @@ def parse_seqs(spec: str | None, gpu: bool) -> tuple[int, ...]:
     if not spec:
         return GPU_SEQS if gpu else CPU_SEQS
     return parse_sizes("--seqs", spec, "lengths like 197,1024")
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative error of out against a float32 reference (Frobenius norms)."""
-    return ((out.float() - ref).norm() / ref.norm()).item()
 
 
 def run(args) -> tuple[list[Result], str]:

@@ -34,6 +34,7 @@ from fullgraph.bench.suites import (
     extra_policies,
     parse_sizes,
     policy_context,
+    rel_err,
     time_interleaved,
     top_kernel_lines,
 )
@@ -159,7 +160,7 @@ def run(args) -> tuple[list[Result], str]:
             progress(batch, f"{'timing' if mode is None else 'compiling'} {name}")
             with torch.no_grad():
                 m = benchmark(lambda fn=fn, inp=inp: fn(inp), device=device, warmup=3, reps=args.reps)
-                err = _rel_err(fn(inp), expected)
+                err = rel_err(fn(inp), expected)
             med = m.timing.median_ms
             base_ms = med if name == baseline else base_ms  # the baseline is timed first
             metrics = {**measurement_metrics(m), "images_per_s": (batch / med * 1e3, "img/s"), "rel_err": (err, ""),
@@ -273,7 +274,3 @@ def _mode(mode: str) -> str | None:
 def _copy_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """A second instance of `model` with its weights, on `device` in `dtype` (the fp32 one stays the reference)."""
     return copy.deepcopy(model).to(device, dtype)
-
-
-def _rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((out.float() - expected).norm() / expected.norm()).item()

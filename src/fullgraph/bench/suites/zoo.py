@@ -39,7 +39,7 @@ import torch
 import fullgraph.compile
 from fullgraph.bench.prewarm import run_children
 from fullgraph.bench.results import Result, make_rows, read_csv
-from fullgraph.bench.suites import DTYPES, parse_sizes
+from fullgraph.bench.suites import DTYPES, parse_sizes, rel_err
 from fullgraph.bench.suites.vit import parse_modes
 from fullgraph.bench.suites.zoo_models import MODELS, SMALL, Entry, import_library, primary_output, redraw_zero_weights
 from fullgraph.bench.table import format_table
@@ -171,7 +171,7 @@ def _to(inputs: tuple[tuple, dict], device: torch.device, dtype: torch.dtype) ->
 
 
 def _rel_err(out, expected: torch.Tensor) -> float:
-    return ((primary_output(out).float() - expected).norm() / expected.norm()).item()
+    return rel_err(primary_output(out), expected)
 
 
 @dataclass(frozen=True)
