@@ -162,14 +162,12 @@ def _need(args: argparse.Namespace, flag: str) -> str:
 def prepare(action: str) -> None:
     """Import what `action` needs (the bootstrap times it): nothing more for `load-package`; for the others
     fullgraph's compiler and the deploy modules that compile and save, with our ops (`fullgraph.deploy` imports them
-    first), and Inductor's compiler, which every compile and every load of compiled code runs through (torch imports
-    it lazily, at the first one: ~500 modules, 1-4 s without bytecode, that would otherwise fall inside the timed
-    window of some routes and not others)."""
+    first), and so Inductor's compiler, which every compile and every load of compiled code runs through
+    (`fullgraph.deploy.precompile` imports it with itself; torch imports it lazily, at the first one: ~500 modules,
+    1-4 s without bytecode, that would otherwise fall inside the timed window of some routes and not others)."""
     if action != "load-package":
-        import torch._inductor.compile_fx  # noqa: F401
-
         import fullgraph.compile.compiled  # noqa: F401
-        from fullgraph.deploy import build, cache, precompile  # noqa: F401
+        from fullgraph.deploy import build, cache, precompile  # noqa: F401 - precompile imports Inductor's compiler
     if action in ("publish", "serve"):
         from fullgraph.deploy import published  # noqa: F401
 
@@ -283,14 +281,13 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., 
     if not timed:
         return None
 
-    def steady(reps: int) -> float:
+    def timed(reps: int):
         with torch.no_grad():
-            return measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(reps, 1)).median_ms
+            return measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(reps, 1))
 
-    with torch.no_grad():
-        timing = measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(args.reps, 1))
+    timing = timed(args.reps)
     report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms)
-    return steady
+    return lambda reps: timed(reps).median_ms
 
 
 def _hold(steady: Timer, lines: Iterable[str]) -> None:

@@ -184,8 +184,7 @@ def _result(rep: _Replica, child: dict[str, Any], remote: dict[str, Any]) -> dic
     out = os.path.join(rep.work, f"{rep.name}.out.pt")
     output = torch.load(out, weights_only=True) if ok and os.path.exists(out) else None
     return {"name": rep.name, "ok": ok, "error": None, "process_s": time.perf_counter() - rep.start,
-            "child": child, "remote": remote, "output": output, "steady_ms": child.get("median_ms"),
-            "rounds_ms": []}  # fmt: skip
+            "child": child, "remote": remote, "output": output, "rounds_ms": []}  # fmt: skip
 
 
 def _close(r: dict[str, Any], timeout: float, failed: str | None = None) -> None:
@@ -217,7 +216,7 @@ def _finish(rep: _Replica, timeout: float) -> dict[str, Any]:
 
 def steady_rounds(runs: dict[str, list[dict[str, Any]]], rounds: int, reps: int, timeout: float, say) -> None:
     """Each held replica times `rounds` rounds of `reps` calls, one replica at a time, the order rotated each
-    round; its steady time becomes the median of its rounds. A replica that stops answering is a failure."""
+    round (`rounds_ms`, whose median is its steady time: `_steady`). A replica that stops answering is a failure."""
     held = [r for done in runs.values() for r in done if r.get("rep")]
     if not held:
         return
@@ -233,9 +232,6 @@ def steady_rounds(runs: dict[str, list[dict[str, Any]]], rounds: int, reps: int,
                 _close(r, timeout, failed=f"stopped answering in steady round {k + 1}")
             else:
                 r["rounds_ms"].append(answer["round_ms"])
-    for r in held:
-        if r["rounds_ms"]:
-            r["steady_ms"] = statistics.median(r["rounds_ms"])
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -288,7 +284,8 @@ def _median(values: list[float]) -> float | None:
 
 def _steady(r: dict[str, Any]) -> float | None:
     """A replica's steady time: the median of its interleaved rounds, or what it timed alone before it exited."""
-    return r.get("steady_ms", r["child"].get("median_ms"))
+    rounds = r.get("rounds_ms")
+    return statistics.median(rounds) if rounds else r["child"].get("median_ms")
 
 
 def _baseline(runs: dict[str, list[dict[str, Any]]], value: Callable[[dict[str, Any]], Any]) -> float | None:
@@ -323,7 +320,7 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
             )
             rounds = r.get("rounds_ms") or []
             if rounds:
-                metrics.update(steady_ms=(r["steady_ms"], "ms"), steady_rounds=(float(len(rounds)), ""))
+                metrics.update(steady_ms=(steady, "ms"), steady_rounds=(float(len(rounds)), ""))
             for k, v in (("compile_saved_s", saved), ("first_output_x_cold", ratio), ("steady_x_cold", steady_ratio),
                          ("rel_err", err)):  # fmt: skip
                 if v is not None:
