@@ -125,11 +125,14 @@ for step in $steps; do
       ;;
     load)  # issue 31: each callable from 1, 4 and 16 threads, warm and cold; any wrong output or exception fails a run
       # LOAD_MODELS (of benchmarks/targets/serve.py), LOAD_CALLABLES (compiled bucketed precompiled package serial
-      # package-cuda-graphs package-default: load's defaults on a GPU, nogil with 2 runners), LOAD_STARTS (warm cold), LOAD_SECONDS (10) and LOAD_THREADS (1,4,16) warm,
-      # LOAD_COLD_SECONDS (3) and LOAD_COLD_THREADS (4,16) cold. Each package is exported once into LOAD_PACKAGES
-      # (out/load-packages: outside $OUT, kept while the machine stays warm) and serves both starts, with and without
-      # --cuda-graphs. Writes $OUT/load_h200.csv and $OUT/load_h200.txt; failed runs are listed last. Time, estimated:
-      # 6-7 min per model at these defaults (timed phases 3 min, the export 1-2 min): one model per device call.
+      # package-cuda-graphs package-default: load's defaults on a GPU, nogil with 2 runners), LOAD_STARTS (warm cold),
+      # LOAD_SECONDS (10), LOAD_THREADS (1,4,16) and LOAD_MEMORY_CALLS (10000: each callable's memory over at least
+      # that many calls, the issue's mark) warm, LOAD_COLD_SECONDS (3) and LOAD_COLD_THREADS (4,16) cold. Each package
+      # is exported once into LOAD_PACKAGES (out/load-packages: outside $OUT, kept while the machine stays warm) and
+      # serves both starts, with and without --cuda-graphs. Writes $OUT/load_h200.csv and $OUT/load_h200.txt; failed
+      # runs are listed last. Time (H100, 2026-12-05, export included): 300 s ViT-S/16 b4, 333 s ViT-B/16 b64, 298 s
+      # the DiT; ViT-B/16 b64 makes ~5,000 timed calls per callable, so its memory calls add ~30 s per callable.
+      # One model per device call.
       wanted=" ${LOAD_CALLABLES:-compiled bucketed precompiled package-default package-cuda-graphs} "
       pkgs=${LOAD_PACKAGES:-out/load-packages}
       mkdir -p "$pkgs"
@@ -144,7 +147,7 @@ for step in $steps; do
         fi
         for start in ${LOAD_STARTS:-warm cold}; do
           if [ "$start" = cold ]; then timing="--cold --threads ${LOAD_COLD_THREADS:-4,16} --seconds ${LOAD_COLD_SECONDS:-3}"
-          else timing="--threads ${LOAD_THREADS:-1,4,16} --seconds ${LOAD_SECONDS:-10}"; fi
+          else timing="--threads ${LOAD_THREADS:-1,4,16} --seconds ${LOAD_SECONDS:-10} --memory-calls ${LOAD_MEMORY_CALLS:-10000}"; fi
           runs=()  # each: TARGET and its flags
           [ -n "$kinds" ] && runs+=("$target --callable $kinds$([[ $kinds == *package* || $kinds == *serial* ]] && echo " --package $pkg")")
           [[ $wanted == *" package-cuda-graphs "* ]] && runs+=("$pkg --cuda-graphs")

@@ -200,6 +200,17 @@ SUITES = {
                 {"type": int, "default": 1, "help": "a package's model instances (deploy.load's runners=; default 1)"},
             ),
             ("--input-sets", {"type": int, "default": 8, "help": "distinct random input sets (default 8)"}),
+            (
+                "--memory-calls",
+                {
+                    "type": int,
+                    "default": 0,
+                    "metavar": "N",
+                    "help": "warm runs on a GPU: read each callable's memory over at least N calls, calling it "
+                    "untimed from the largest thread count after the timed rounds where they made fewer "
+                    "(default 0: the timed calls)",
+                },
+            ),
         ],
     ),
     "sweep": (

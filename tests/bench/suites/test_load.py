@@ -145,6 +145,8 @@ def test_exceptions_in_worker_threads_are_counted_with_the_first_message(tmp_pat
         (("--callable", "package", "--cuda-graphs", "--runners", "2"), "--runners 2: a package's model instances"),
         (("--rounds", "0"), "--rounds 0: give 1 or more"),
         (("--cold", "--rounds", "2"), "--rounds 2: a cold run measures each thread count once"),
+        (("--cold", "--memory-calls", "10000"), "--memory-calls 10000: a cold run times each thread count once"),
+        (("--memory-calls", "-1"), "--memory-calls -1: give a number of calls"),
         (("--callable", "package,serial", "--runners", "2"), "and not beside serial (one instance by design)"),
         (("--callable", "package,serial", "--cuda-graphs"), "--cuda-graphs with --callable serial, owner or nogil: a"),
         (("--callable", "package,owner", "--cuda-graphs"), "--cuda-graphs with --callable serial, owner or nogil: a"),
@@ -359,3 +361,36 @@ def test_each_kind_starts_from_empty_dynamo_caches(tmp_path, monkeypatch):
     rc, by = bench_load(tmp_path, *SMALL, "--callable", "compiled,plain", "--threads", "1", "--seconds", "0.2")
     assert rc == 0 and set(by) == {"compiled", "plain"}
     assert len(resets) >= 2
+
+
+class SlowLeaky(Leaky):
+    """Leaky at about 1 ms a call, so that the timed rounds make far fewer calls than --memory-calls asks."""
+
+    def forward(self, x):
+        time.sleep(0.001)
+        return super().forward(x)
+
+
+def slow_leaky():
+    return SlowLeaky(), torch.randn(4, 8)
+
+
+def test_memory_calls_reads_memory_over_that_many_calls(tmp_path, monkeypatch, capsys):
+    # the issue's "GPU memory after 10,000 calls" where the timed rounds make fewer (ViT-B/16 b64: ~5,000 in 30 s)
+    monkeypatch.setattr(suite.Driver, "memory", lambda self: Leaky.held)
+    rc, by = bench_load(tmp_path, f"{HERE}:slow_leaky", "--callable", "eager", "--threads", "1,4",
+                        "--memory-calls", "3000")  # fmt: skip
+    assert rc == 0
+    timed = int(by["eager"][1]["calls"] + by["eager"][4]["calls"])
+    whole = by["eager"]["all"]
+    assert timed < 3000 and whole["calls"] == 3000 and whole["untimed_calls"] == 3000 - timed
+    # every call's KiB counted, the untimed ones too
+    assert whole["mem_growth"] >= 1024 * 3000 / by["eager"][1]["mem_after_first_bytes"]
+    says = f"over 3000 calls after the first 100 (all thread counts, {3000 - timed} of them untimed from 4 threads)"
+    assert says in capsys.readouterr().out
+
+
+def test_memory_calls_on_the_cpu_says_there_is_nothing_to_read(tmp_path, capsys):
+    rc, by = bench_load(tmp_path, *SMALL, "--callable", "eager", "--memory-calls", "100000")
+    assert rc == 0 and "all" not in by["eager"]
+    assert "--memory-calls 100000: no GPU memory to read on cpu" in capsys.readouterr().out

@@ -15,6 +15,9 @@ which Bucketed pads back). Per thread count, in phases:
   same threads just before (each at least one) and again at the end: the threads are a server's pool, made once
   (torch and the runtimes keep per-thread state: library handles, workspaces), and a reading taken while other
   threads' calls hold their activations would count those as the model's.
+- memory over many calls (warm, `memory_calls`): once the rounds have run, a callable whose timed calls (every thread
+  count's) number fewer than `memory_calls` is called untimed from the largest thread count until they do, memory
+  read before and after; the line under the table then covers that many calls.
 - check: every thread calls with each input set CHECK_ROUNDS times and compares each output, as soon as it has it,
   with that set's reference: wrong when the relative error (norm of the difference over the norm of the reference,
   all output tensors together) is above TOLERANCE or the shapes differ.
@@ -113,6 +116,7 @@ class Plan:
     package: str | None = None  # the package of kind "package" for a Python TARGET (default: exported here)
     runners: int = 1  # the package's model instances (`fullgraph.deploy.load(..., runners=)`)
     rounds: int = 1  # warm runs: the thread counts take turns this many times (each round seconds / rounds)
+    memory_calls: int = 0  # warm runs: each callable's memory read over at least this many calls (0: the timed ones)
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -123,6 +127,13 @@ class Plan:
         if self.rounds < 1 or (self.cold and self.rounds != 1):
             why = "a cold run measures each thread count once, from a fresh callable" if self.cold else "give 1 or more"
             raise UsageError(f"--rounds {self.rounds}: {why}")
+        if self.memory_calls < 0 or (self.cold and self.memory_calls):
+            why = (
+                "a cold run times each thread count once; memory over many calls is a warm run's"
+                if self.cold
+                else "give a number of calls, e.g. 10000 (0: the timed calls only)"
+            )
+            raise UsageError(f"--memory-calls {self.memory_calls}: {why}")
         if self.input_sets < 1:
             raise UsageError(f"--input-sets {self.input_sets}: give how many distinct input sets, e.g. 8")
         if self.target.endswith(".pt2") and not set(self.kinds) <= PACKAGE_KINDS:
@@ -192,6 +203,7 @@ def plan_from(args) -> Plan:
         package=args.package,
         runners=args.runners,
         rounds=(1 if args.cold else DEFAULT_ROUNDS) if getattr(args, "rounds", None) is None else args.rounds,
+        memory_calls=getattr(args, "memory_calls", 0) or 0,
     )
 
 
@@ -392,16 +404,18 @@ def vs_one_thread(p: Point, base: Point | None) -> float | None:
     return p.calls_per_s / base.calls_per_s
 
 
-def kind_growth(points: Sequence[Point]) -> tuple[float, int] | None:
-    """GPU memory over all of one warm callable's timed calls, every thread count's: (growth, calls). The base is the
-    first point's reading after its first GROWTH_AFTER calls; each point then adds what its own calls added (other
-    readings fall between them: a new thread pool's first calls make per-thread state, which is no growth). None on
-    the CPU or where a reading is missing."""
+def kind_growth(points: Sequence[Point], more: Round | None = None) -> tuple[float, int] | None:
+    """GPU memory over all of one warm callable's timed calls, every thread count's, and the untimed calls `more`
+    made for memory_calls: (growth, calls). The base is the first point's reading after its first GROWTH_AFTER calls;
+    each point (and `more`) then adds what its own calls added (other readings fall between them: a new thread pool's
+    first calls make per-thread state, which is no growth). None on the CPU or where a reading is missing."""
     if not points or any(p.mem_after is None or p.mem_end is None for p in points) or not points[0].mem_after:
         return None
+    if more is not None and None in more.mem:
+        return None
     base = points[0].mem_after
-    end = base + sum(p.mem_end - p.mem_after for p in points)
-    return end / base - 1, sum(p.timed.calls for p in points)
+    end = base + sum(p.mem_end - p.mem_after for p in points) + (more.mem[1] - more.mem[0] if more else 0)
+    return end / base - 1, sum(p.timed.calls for p in points) + (more.timed.calls if more else 0)
 
 
 def describe(x: Inputs) -> str:
@@ -410,8 +424,11 @@ def describe(x: Inputs) -> str:
     return ", ".join(specs) + (", ..." if len(tensors) > 3 else "")
 
 
-def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tuple[list[Result], str, str | None]:
-    """Rows, the table, and a one-line failure when any output was wrong or any call raised."""
+def report(plan: Plan, example: Inputs, results: dict[str, list[Point]],
+           more: dict[str, Round] | None = None) -> tuple[list[Result], str, str | None]:  # fmt: skip
+    """Rows, the table, and a one-line failure when any output was wrong or any call raised; `more`: each kind's
+    untimed calls for memory_calls."""
+    more = more or {}
     case = f"{os.path.basename(plan.target)} {describe(example)} {plan.device}"
     start = "cold" if plan.cold else "warm"
     rows: list[Result] = []
@@ -441,14 +458,18 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
             growth = "n/a" if p.growth is None else f"{p.growth:+.1%}"
             table.append([plan.label(kind), p.threads, p.calls_per_s, p.timed.items / p.wall_s, ratio, p50, p99,
                           f"{p.checks.wrong}/{p.checks.checked}", p.exceptions, growth, p.first_call_s])  # fmt: skip
-        overall = None if plan.cold else kind_growth(points)
+        extra = more.get(kind)
+        overall = None if plan.cold else kind_growth(points, extra)
         if overall is not None:  # the issue's "after 10,000 calls": every thread count's calls of one callable
             growth, calls = overall
+            untimed = extra.timed.calls if extra else 0
             rows += make_rows("load", case, f"{variant}, all thread counts",
-                              {"mem_growth": (growth, ""), "calls": (calls, "")}, {"target": plan.target,
-                              "callable": kind, "start": start, "threads": "all"})  # fmt: skip
-            notes.append(f"{variant}: GPU memory {growth:+.1%} over {calls} timed calls after the first "
-                         f"{GROWTH_AFTER} (all thread counts)")  # fmt: skip
+                              {"mem_growth": (growth, ""), "calls": (calls, ""), "untimed_calls": (untimed, "")},
+                              {"target": plan.target, "callable": kind, "start": start, "threads": "all",
+                               "memory_calls": plan.memory_calls})  # fmt: skip
+            of = f", {untimed} of them untimed from {_threads(max(plan.threads))}" if untimed else ""
+            notes.append(f"{variant}: GPU memory {growth:+.1%} over {calls} calls after the first {GROWTH_AFTER} "
+                         f"(all thread counts{of})")  # fmt: skip
         checks, raised = total([p.checks for p in points]), sum(p.exceptions for p in points)
         first = next((p.first_error for p in points if p.first_error), None)
         if first:
@@ -456,6 +477,8 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]]) -> tupl
         if checks.wrong or raised:
             wrong = f"{checks.wrong} wrong output{'s' * (checks.wrong != 1)} of {checks.checked}"
             failed.append(f"{variant}: {wrong}, {raised} exception{'s' * (raised != 1)}")
+    if plan.memory_calls and not plan.cold and not more and not plan.device.startswith("cuda"):
+        notes.append(f"--memory-calls {plan.memory_calls}: no GPU memory to read on {plan.device}")
     headers = ["callable", "threads", "calls/s", "items/s", "x 1 thread", "p50 ms", "p99 ms", "wrong/checked",
                "exceptions", "GPU mem growth", "cold 1st call s"]  # fmt: skip
     rounds = f" in {plan.rounds} rounds (x 1 thread: the median of the rounds' ratios)" if plan.rounds > 1 else ""
@@ -468,6 +491,7 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
     plan = plan_from(args)
     device, say = torch.device(plan.device), sources.progress
     results: dict[str, list[Point]] = {}
+    more: dict[str, Round] = {}  # each kind's untimed calls for plan.memory_calls
 
     def done(kind: str, point: Point) -> None:
         results[kind].append(point)
@@ -506,6 +530,12 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
                 results[kind] = []
                 for n in plan.threads:
                     done(kind, point_of(drivers[kind], n, rounds[(kind, n)], (Tally(), None), say))
+                calls = sum(r.timed.calls for n in plan.threads for r in rounds[(kind, n)])
+                if plan.memory_calls > calls and drivers[kind].memory() is not None:
+                    n = max(plan.threads)
+                    say(f"{plan.label(kind)}: {plan.memory_calls - calls} more calls from {_threads(n)} (untimed), "
+                        f"for its memory after {plan.memory_calls} calls")  # fmt: skip
+                    more[kind] = Round(*drivers[kind].timed(n, math.inf, plan.memory_calls - calls))
 
         together = not plan.cold and len(plan.kinds) > 1 and set(plan.kinds) <= packages_only(plan)
         if together:  # packages: no Dynamo state between them, so their rounds interleave (a drift hits all alike)
@@ -526,4 +556,4 @@ def run(args, *, sources: Sources) -> tuple[list[Result], str, str | None]:
                 warm([kind])
             if device.type == "cuda":  # the next kind's memory readings start without this one's graphs
                 torch.cuda.empty_cache()
-    return report(plan, example, results)
+    return report(plan, example, results, more)

@@ -4,6 +4,7 @@ latencies, checked and wrong outputs and exceptions, `total` sums them."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -137,12 +138,14 @@ class Driver:
             tallies[i].check(out, self.refs[i % len(self.sets)])
         return total(tallies), max(took)
 
-    def timed(self, n: int, seconds: float) -> tuple[Tally, float, tuple[int | None, int | None]]:
+    def timed(self, n: int, seconds: float,
+              calls: int | None = None) -> tuple[Tally, float, tuple[int | None, int | None]]:  # fmt: skip
         """In `n` threads, the same ones throughout, as a server's pool: GROWTH_AFTER calls among them (each thread at
-        least one), the memory baseline once all have stopped, every thread calling for `seconds`, the memory again
-        once all have stopped. Returns the timed calls' sum (the first calls' exceptions included), the timed wall
-        seconds and the two readings (None on the CPU)."""
+        least one), the memory baseline once all have stopped, every thread calling for `seconds` (or until `calls`
+        calls among them), the memory again once all have stopped. Returns the timed calls' sum (the first calls'
+        exceptions included), the timed wall seconds and the two readings (None on the CPU)."""
         share = max(1, math.ceil(GROWTH_AFTER / n))
+        taken = itertools.count()  # next() is atomic under the GIL: each call of the budget is taken once
         marks: dict[str, float] = {}
         readings: list[int | None] = []
 
@@ -165,6 +168,8 @@ class Driver:
                         break
             settled.wait()
             while time.perf_counter() - marks["start"] < seconds and tally.exceptions < MAX_ERRORS:
+                if calls is not None and next(taken) >= calls:
+                    break
                 k, j = j, j + 1
                 t0 = time.perf_counter()
                 try:
