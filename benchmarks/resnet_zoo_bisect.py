@@ -7,6 +7,11 @@ Both are host-bound (reduce-overhead ran at 0.99x). So something in the zoo's fl
 costs ~0.9 ms a call. Each step below runs in a fresh process and changes one thing from the zoo's flow:
 
 - `cli`: `fullgraph bench zoo` itself at this one point (the ground truth: it lost there);
+- `cli-inproc`: the same command line called in this process (`fullgraph.cli.main.main`), the CPU events of its
+  timed calls profiled (if this loses and `parser` does not, the cost is in the command's run, not its imports; if
+  it does not lose, in `python -m fullgraph` itself);
+- `parser`: every command's module imported first (`build_parser()`, as the command line does), then the zoo's flow
+  as `zoo` runs it;
 - `zoo`: the zoo's own `_build` and `_measure` inside `capture_output()`, as the command line runs them (every
   warning counted at every occurrence: a warning that torch shows once would cost its machinery at every call);
   the warnings and log records caught while timing are listed;
@@ -38,7 +43,19 @@ import subprocess
 import sys
 import time
 
-STEPS = ("cli", "zoo", "zoo-bare", "copy", "ours-first", "no-reset", "no-reference", "no-eager", "rewrites-none")
+STEPS = (
+    "cli",
+    "cli-inproc",
+    "parser",
+    "zoo",
+    "zoo-bare",
+    "copy",
+    "ours-first",
+    "no-reset",
+    "no-reference",
+    "no-eager",
+    "rewrites-none",
+)
 
 
 def one(step: str, model: str, batch: int, device_name: str, reps: int) -> dict:
@@ -50,6 +67,13 @@ def one(step: str, model: str, batch: int, device_name: str, reps: int) -> dict:
     from fullgraph.timing import resolve_device
 
     device = resolve_device(device_name)
+    if step == "cli-inproc":
+        return _cli_inproc(model, batch, device, reps)
+    if step == "parser":
+        from fullgraph.cli.main import build_parser
+
+        build_parser()
+        step = "zoo"
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     entry = next(e for e in (*zoo_models.MODELS, *zoo_models.SMALL) if e.name == model)
     library, why = zoo_models.import_library(entry.library)
@@ -76,6 +100,56 @@ def one(step: str, model: str, batch: int, device_name: str, reps: int) -> dict:
         return {"step": step, "plain": p.ms["plain"], "fullgraph": p.ms["fullgraph"], "events": {}, "caught": said}
     with capture_output() as caught:
         return _steps(step, models, low, device, reps, caught)
+
+
+def _cli_inproc(model: str, batch: int, device, reps: int) -> dict:
+    """`fullgraph bench zoo` at the point through the command line's main() in this process; the CPU events per
+    forward of plain and fullgraph profiled right after the zoo timed them (its timer wrapped)."""
+    import tempfile
+
+    from fullgraph.bench.results import read_csv
+    from fullgraph.bench.suites import zoo
+    from fullgraph.cli.main import main as cli_main
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from resnet_host_probe import op_counts
+
+    events: dict = {}
+    timer = zoo.round_medians
+
+    def timed_then_profiled(part, **kw):
+        medians = timer(part, **kw)
+        if "plain" in part and "fullgraph" in part:
+            events.update({name: op_counts(lambda x, fn=part[name]: fn(), None, device.type) for name in
+                           ("plain", "fullgraph")})  # fmt: skip
+        return medians
+
+    zoo.round_medians = timed_then_profiled
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = os.path.join(tmp, "zoo.csv")
+        cli_main(
+            [
+                "bench",
+                "zoo",
+                "--models",
+                model,
+                "--batches",
+                str(batch),
+                "--modes",
+                "default",
+                "--reps",
+                str(reps),
+                "--device",
+                str(device),
+                "--csv",
+                csv,
+                *(["--small"] if model.startswith("small/") else []),
+            ]
+        )
+        ms = {r.variant: r.value for r in read_csv(csv) if r.metric == "median_ms"} if os.path.exists(csv) else {}
+    if "plain" not in ms or "fullgraph" not in ms:
+        raise SystemExit("cli-inproc: the command line measured nothing")
+    return {"step": "cli-inproc", "plain": ms["plain"], "fullgraph": ms["fullgraph"], "events": events, "caught": []}
 
 
 def _steps(step, models, low, device, reps, caught) -> dict:
