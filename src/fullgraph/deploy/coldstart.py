@@ -45,11 +45,17 @@ output is saved (its tensors, in fp32 on the CPU) for the parent to compare agai
 action that ran a model stays alive after its JSON line (which then says `holding: true`) and answers each `time N`
 line on stdin with `{"round_ms": ...}`, the median of N more calls, until `exit` or the end of stdin: `bench fleet`
 interleaves its replicas' steady states that way.
+
+`code`: a fingerprint of the compiled code this process runs once its timed calls are done (`code_fingerprint`):
+Inductor's modules loaded (their file names are hashes of their source) and the launch configuration each Triton
+kernel's autotuner chose. Replicas that compile the same graph and time differently either ran other code (the
+fingerprints differ) or the same code (they agree); cuBLAS's and cuDNN's choices are not in it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -286,8 +292,27 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., 
             return measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(reps, 1))
 
     timing = timed(args.reps)
-    report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms)
+    report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms, code=code_fingerprint())
     return lambda reps: timed(reps).median_ms
+
+
+def code_fingerprint() -> str | None:
+    """16 hex digits over Inductor's loaded modules and each Triton kernel's chosen launch configuration; None where
+    Inductor was never imported (a package's lean route) or loaded no module."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    modules = list(getattr(getattr(codecache, "PyCodeCache", None), "modules", None) or [])
+    if not modules:
+        return None
+    names, chosen, seen = set(), set(), set()
+    for module in modules:
+        names.add(os.path.basename(getattr(module, "__file__", "") or ""))
+        for name, value in list(vars(module).items()):
+            launchers = getattr(value, "launchers", None)
+            if not isinstance(launchers, list) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            chosen.add(f"{name}:{';'.join(str(getattr(launcher, 'config', '?')) for launcher in launchers)}")
+    return hashlib.sha256("\n".join(sorted(names) + sorted(chosen)).encode()).hexdigest()[:16]
 
 
 def _hold(steady: Timer, lines: Iterable[str]) -> None:

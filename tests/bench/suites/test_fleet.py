@@ -48,6 +48,10 @@ def test_later_replicas_have_no_remote_fx_graph_misses_and_published_replicas_co
     assert value[("sequential-2", "remote_miss")] == 0 and value[("sequential-2", "remote_refused")] == 0
     assert value[("sequential-1", "remote_put")] >= 1 and value[("sequential-2", "rel_err")] < 1e-4
     how = {r.variant: json.loads(r.params).get("how") for r in rows if r.metric == "ok"}
+    # the code each replica ran: the one that compiled and the one that loaded its graph from Redis ran the same
+    code = {r.variant: json.loads(r.params).get("code") for r in rows if r.metric == "ok"}
+    assert code["sequential-1"] and code["sequential-1"] == code["sequential-2"], code
+    assert code["sequential-1"][:8] in table
     assert how["published-1"] == how["published-2"] == "published precompiled code"
     for name in ("published-1", "published-2"):
         assert value[(name, "fxgraph_cache_hit")] == value[(name, "fxgraph_cache_miss")] == 0
