@@ -240,7 +240,7 @@ def test_memory_that_grows_with_the_calls_shows_as_growth(tmp_path, monkeypatch)
     # over all thread counts: the first point's baseline plus what every point's calls added
     whole, calls = by["eager"]["all"], by["eager"][1]["calls"] + by["eager"][4]["calls"]
     base = by["eager"][1]["mem_after_first_bytes"]
-    assert whole["calls"] == calls and whole["mem_growth"] >= 1024 * calls / base > 0
+    assert whole["calls"] == calls and whole["mem_growth"] * base >= 1024 * calls - 1 and whole["mem_growth"] > 0
 
 
 def test_a_package_targets_second_kind_opens_the_file_again():
@@ -385,7 +385,7 @@ def test_memory_calls_reads_memory_over_that_many_calls(tmp_path, monkeypatch, c
     whole = by["eager"]["all"]
     assert timed < 3000 and whole["calls"] == 3000 and whole["untimed_calls"] == 3000 - timed
     # every call's KiB counted, the untimed ones too
-    assert whole["mem_growth"] >= 1024 * 3000 / by["eager"][1]["mem_after_first_bytes"]
+    assert whole["mem_growth"] * by["eager"][1]["mem_after_first_bytes"] >= 1024 * 3000 - 1  # float rounding
     says = f"over 3000 calls after the first 100 (all thread counts, {3000 - timed} of them untimed from 4 threads)"
     assert says in capsys.readouterr().out
 
@@ -394,3 +394,32 @@ def test_memory_calls_on_the_cpu_says_there_is_nothing_to_read(tmp_path, capsys)
     rc, by = bench_load(tmp_path, *SMALL, "--callable", "eager", "--memory-calls", "100000")
     assert rc == 0 and "all" not in by["eager"]
     assert "--memory-calls 100000: no GPU memory to read on cpu" in capsys.readouterr().out
+
+
+class FailsLate(SlowLeaky):
+    """Raises from its 3,000th call on: after the timed rounds and checks (~2,300 calls at most), inside the untimed
+    calls of --memory-calls."""
+
+    calls = 0
+
+    def forward(self, x):
+        FailsLate.calls += 1
+        if FailsLate.calls > 3000:
+            raise RuntimeError("out of buffers")
+        return super().forward(x)
+
+
+def fails_late():
+    FailsLate.calls = 0
+    return FailsLate(), torch.randn(4, 8)
+
+
+def test_an_exception_in_the_memory_calls_fails_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(suite.Driver, "memory", lambda self: Leaky.held)
+    rc, by = bench_load(tmp_path, f"{HERE}:fails_late", "--callable", "eager", "--threads", "1,4",
+                        "--memory-calls", "6000")  # fmt: skip
+    assert rc == 1
+    assert by["eager"][1]["exceptions"] == by["eager"][4]["exceptions"] == 0  # the timed rounds and checks were clean
+    captured = capsys.readouterr()
+    assert "eager, warm: first exception: RuntimeError: out of buffers" in captured.out
+    assert re.search(r"eager, warm: 0 wrong outputs of \d+, [1-9]\d* exceptions", captured.err.strip().splitlines()[-1])

@@ -471,7 +471,8 @@ def report(plan: Plan, example: Inputs, results: dict[str, list[Point]],
             notes.append(f"{variant}: GPU memory {growth:+.1%} over {calls} calls after the first {GROWTH_AFTER} "
                          f"(all thread counts{of})")  # fmt: skip
         checks, raised = total([p.checks for p in points]), sum(p.exceptions for p in points)
-        first = next((p.first_error for p in points if p.first_error), None)
+        raised += extra.timed.exceptions if extra else 0  # the untimed calls for memory_calls raise as any other
+        first = next((p.first_error for p in points if p.first_error), extra.timed.first_error if extra else None)
         if first:
             notes.append(f"{variant}: first exception: {first}")
         if checks.wrong or raised:
