@@ -307,7 +307,10 @@ def code_fingerprint() -> str | None:
     for module in modules:
         names.add(os.path.basename(getattr(module, "__file__", "") or ""))
         for name, value in list(vars(module).items()):
-            launchers = getattr(value, "launchers", None)
+            try:  # a module global of any kind: a lazy object may raise more than AttributeError
+                launchers = getattr(value, "launchers", None)
+            except Exception:
+                continue
             if not isinstance(launchers, list) or id(value) in seen:
                 continue
             seen.add(id(value))
