@@ -266,6 +266,16 @@ SUITES = {
                 },
             ),
             (
+                "--profile-calls",
+                {
+                    "type": int,
+                    "default": None,
+                    "metavar": "N",
+                    "help": "after the steady rounds, each replica's kernels over N calls under torch's profiler "
+                    "(default 20; 0: none): the kernels that differ most between the fastest and slowest replica",
+                },
+            ),
+            (
                 "--variants",
                 {
                     "help": "cold (no remote cache: the baseline), sequential (one after another), together "

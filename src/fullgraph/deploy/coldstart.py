@@ -43,8 +43,9 @@ the other actions fullgraph's compiler and our ops as well.
 `--dtype`. `--inputs` is a `torch.save`d list of tensors (fp32, CPU), cast the same way. With `--out`, the first
 output is saved (its tensors, in fp32 on the CPU) for the parent to compare against eager fp32. With `--hold`, an
 action that ran a model stays alive after its JSON line (which then says `holding: true`) and answers each `time N`
-line on stdin with `{"round_ms": ...}`, the median of N more calls, until `exit` or the end of stdin: `bench fleet`
-interleaves its replicas' steady states that way.
+line on stdin with `{"round_ms": ...}`, the median of N more calls, and each `profile N` line with
+`{"profile_us": {kernel: us per call}}` over N calls under torch's profiler, until `exit` or the end of stdin:
+`bench fleet` interleaves its replicas' steady states that way, then profiles each.
 
 `code`: a fingerprint of the compiled code this process runs once its timed calls are done (`code_fingerprint`):
 Inductor's modules loaded (their file names are hashes of their source) and the launch configuration each Triton
@@ -204,9 +205,51 @@ def _started(clock: _Clock, make: Callable[[], Callable[..., Any]], inputs: tupl
 
 
 Timer = Callable[[int], float]  # the median ms of N more calls of the loaded model
+PROFILE_TOP = 30  # kernels (ops on the CPU) a profile reports, the longest first
 
 
-def _run(args: argparse.Namespace, report: dict[str, Any]) -> Timer | None:
+class Steady:
+    """The loaded model's further calls, for --hold: `steady(N)` is the median ms of N calls; `steady.profile(N)`
+    the time per call of each GPU kernel (each op's own time on the CPU) over N calls under torch's profiler, in
+    microseconds, the PROFILE_TOP longest."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], device: torch.device):
+        self.fn, self.inputs, self.device = fn, inputs, device
+
+    def __call__(self, reps: int) -> float:
+        with torch.no_grad():
+            return measure(lambda: self.fn(*self.inputs), device=self.device, warmup=2, reps=max(reps, 1)).median_ms
+
+    def profile(self, calls: int) -> dict[str, float]:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        calls, cuda = max(calls, 1), self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+        with torch.no_grad():
+            self.fn(*self.inputs)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            with profile(activities=activities) as prof:
+                for _ in range(calls):
+                    self.fn(*self.inputs)
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+        us: dict[str, float] = {}
+        if cuda:  # the kernels themselves (a CUDA graph's replay included), by name
+            for e in prof.events():
+                if e.device_type == DeviceType.CUDA:
+                    took = getattr(e, "device_time", None)
+                    took = getattr(e, "cuda_time", 0.0) if took is None else took
+                    us[e.name] = us.get(e.name, 0.0) + took
+        else:
+            for e in prof.key_averages():
+                us[e.key] = e.self_cpu_time_total
+        top = sorted(us.items(), key=lambda kv: -kv[1])[:PROFILE_TOP]
+        return {name[:120]: round(t / calls, 3) for name, t in top if t > 0}
+
+
+def _run(args: argparse.Namespace, report: dict[str, Any]) -> Steady | None:
     """The action, its phases in `report`; the steady-state timer of the model it ran, where it ran one."""
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     clock = _Clock(device, report)
@@ -275,7 +318,7 @@ def _run(args: argparse.Namespace, report: dict[str, Any]) -> Timer | None:
 
 
 def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., Any], inputs: tuple[Any, ...],
-            device: torch.device, first_s: float, out: Any, timed: bool = True) -> Timer | None:  # fmt: skip
+            device: torch.device, first_s: float, out: Any, timed: bool = True) -> Steady | None:  # fmt: skip
     """Report the first call (and save its output with --out), then time `--reps` more calls unless not `timed`;
     the timer of further calls."""
     report["first_call_s"] = first_s
@@ -287,13 +330,10 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., 
     if not timed:
         return None
 
-    def timed(reps: int):
-        with torch.no_grad():
-            return measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(reps, 1))
-
-    timing = timed(args.reps)
+    with torch.no_grad():
+        timing = measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(args.reps, 1))
     report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms, code=code_fingerprint())
-    return lambda reps: timed(reps).median_ms
+    return Steady(fn, inputs, device)
 
 
 def code_fingerprint() -> str | None:
@@ -319,16 +359,20 @@ def code_fingerprint() -> str | None:
 
 
 def _hold(steady: Timer, lines: Iterable[str]) -> None:
-    """--hold: answer `time N` with the median of N more calls, one JSON line each, until `exit` or the end."""
+    """--hold: answer `time N` with the median of N more calls and `profile N` with the time per call of each kernel
+    over N calls (where `steady` profiles: `Steady`), one JSON line each, until `exit` or the end."""
     for line in lines:
         words = line.split()
         if words[:1] == ["exit"]:
             return
-        if len(words) == 2 and words[0] == "time" and words[1].isdigit():
+        asked = len(words) == 2 and words[1].isdigit()
+        if asked and words[0] == "time":
             print(json.dumps({"round_ms": steady(int(words[1]))}), flush=True)
+        elif asked and words[0] == "profile" and hasattr(steady, "profile"):
+            print(json.dumps({"profile_us": steady.profile(int(words[1]))}), flush=True)
         elif words:
-            print(json.dumps({"error": f"--hold: unknown request {line.strip()[:80]!r}; send `time N` or `exit`"}),
-                  flush=True)  # fmt: skip
+            print(json.dumps({"error": f"--hold: unknown request {line.strip()[:80]!r}; send `time N`, `profile N` "
+                              "or `exit`"}), flush=True)  # fmt: skip
 
 
 def bytecode_cache() -> dict[str, Any]:

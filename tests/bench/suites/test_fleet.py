@@ -24,6 +24,10 @@ def test_url_carries_password_and_database():
 def test_arguments_are_checked():
     with pytest.raises(Exception, match="--replicas at least 2"):
         fleet.run(_args(replicas=1), fleet.Sources(None, print))
+    with pytest.raises(Exception, match="--profile-calls -1: give 0"):
+        fleet.run(_args(profile_calls=-1), fleet.Sources(None, print))
+    with pytest.raises(Exception, match="--profile-calls 5: the replicas are held only for steady rounds"):
+        fleet.run(_args(profile_calls=5, steady_rounds=0), fleet.Sources(None, print))
 
 
 @pytest.mark.slow
@@ -69,6 +73,10 @@ def test_later_replicas_have_no_remote_fx_graph_misses_and_published_replicas_co
     assert "steady state: 5 rounds of 1 calls, the 4 replicas in turn" in said
     for name in ("sequential-1", "sequential-2", "published-1", "published-2"):
         assert value[(name, "steady_rounds")] == 5 and value[(name, "steady_ms")] > 0
+        # then each ran 20 calls under torch's profiler: its ops' own time per call (kernels on a GPU)
+        assert 0 < value[(name, "profiled_us_per_call")] < 1e3 * value[(name, "steady_ms")] * 2
+    assert "profiles: 20 calls of each of the 4 replicas under torch's profiler" in said
+    assert re.search(r"kernels, fastest \S+ \([\d.]+ ms\) against slowest", table), table
     assert ("published-0", "steady_rounds") not in value
 
 
@@ -136,6 +144,9 @@ n = 0
 for line in sys.stdin:
     if line.startswith("exit"):
         break
+    if line.startswith("profile"):  # a name-dependent kernel time, and one kernel alike in every replica
+        print(json.dumps({"profile_us": {"gemm": 10.0 * len(name), "norm": 5.0}}), flush=True)
+        continue
     n += 1
     if n == die:
         print("RuntimeError: lost the device", file=sys.stderr, flush=True)
@@ -180,6 +191,44 @@ def test_steady_rounds_interleave_the_held_replicas_rotating_the_order_and_a_dea
     for r, rep in zip((a, b, c), reps, strict=True):  # every process ended and its log written
         assert "rep" not in r and rep.proc.returncode == (3 if r is c else 0)
         assert (tmp_path / f"{r['name']}.log").exists()
+
+
+def test_profiles_name_the_kernels_that_differ_between_the_fastest_and_slowest_replica(tmp_path):
+    runs = {"cold": [fleet._finish(_fake(tmp_path, "a"), 30.0)],
+            "published": [fleet._finish(_fake(tmp_path, "bbb"), 30.0)]}  # fmt: skip
+    said: list[str] = []
+    try:
+        fleet.steady_rounds(runs, 1, 4, 30.0, said.append)
+        fleet.profile_replicas(runs, 7, 30.0, said.append)
+    finally:
+        for r in (r for done in runs.values() for r in done if r.get("rep")):
+            fleet._close(r, 10.0)
+    a, b = runs["cold"][0], runs["published"][0]
+    assert said[-1] == "profiles: 7 calls of each of the 2 replicas under torch's profiler"
+    assert a["profile_us"] == {"gemm": 10.0, "norm": 5.0} and b["profile_us"] == {"gemm": 30.0, "norm": 5.0}
+    lines = fleet.profile_differences(runs)
+    assert (
+        lines[0] == "kernels, fastest a (11 ms) against slowest bbb (13 ms): 15.0 / 35.0 us per call in its top kernels"
+    )
+    assert lines[1].split() == ["gemm", "10.00", "30.00", "us"]  # the kernel that differs first
+    rows, table, _ = fleet.report(fleet.plan_from(_args()), runs, None)
+    value = {(r.variant, r.metric): r.value for r in rows}
+    assert value[("bbb", "profiled_us_per_call")] == 35.0 and lines[1] in table
+    assert fleet.profile_differences({"cold": [a]}) == []  # one replica: nothing to compare
+
+
+def test_a_held_child_profiles_on_request(capsys):
+    import torch
+
+    from fullgraph.deploy import coldstart
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    steady = coldstart.Steady(model, (torch.randn(8, 16),), torch.device("cpu"))
+    coldstart._hold(steady, iter(["profile 5\n", "time 3\n", "exit\n"]))
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    ops = lines[0]["profile_us"]
+    assert any("addmm" in k for k in ops) and all(v > 0 for v in ops.values()), ops  # real ops, their own time
+    assert len(ops) <= coldstart.PROFILE_TOP and lines[1]["round_ms"] > 0
 
 
 def test_a_replica_that_dies_before_its_report_fails_with_its_exit_status_and_stderr(tmp_path):

@@ -70,6 +70,9 @@ BOOT = (
 # the median of its rounds: the cold replicas' and the others' interleaved over the same minutes, so that a drift of
 # the machine (the first processes of a fresh machine ran 3-7% slower on the H100) does not read as a difference.
 STEADY_ROUNDS = 5
+# After the rounds, each held replica runs PROFILE_CALLS calls under torch's profiler: its kernels' time per call, so
+# that two replicas whose steady times differ show where (the same kernels slower, or other kernels).
+PROFILE_CALLS = 20
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,38 @@ def steady_rounds(runs: dict[str, list[dict[str, Any]]], rounds: int, reps: int,
                 r["rounds_ms"].append(answer["round_ms"])
 
 
+def profile_replicas(runs: dict[str, list[dict[str, Any]]], calls: int, timeout: float, say) -> None:
+    """Each held replica's kernels over `calls` calls under torch's profiler (`profile_us`: microseconds per call by
+    kernel), one replica at a time: what two replicas that time apart run differently. A replica that does not
+    answer keeps no profile (the steady rounds already judged it)."""
+    held = [r for done in runs.values() for r in done if r.get("rep")]
+    if not held or calls < 1:
+        return
+    say(f"profiles: {calls} calls of each of the {len(held)} replicas under torch's profiler")
+    for r in held:
+        rep = r["rep"]
+        answer = rep.message(lambda d: "profile_us" in d or "error" in d, time.perf_counter() + timeout) \
+            if rep.ask(f"profile {calls}") else None  # fmt: skip
+        if answer is not None and isinstance(answer.get("profile_us"), dict):
+            r["profile_us"] = answer["profile_us"]
+
+
+def profile_differences(runs: dict[str, list[dict[str, Any]]], top: int = 8) -> list[str]:
+    """Lines naming the kernels whose time per call differs most between the fastest and the slowest profiled
+    replica (by steady time): empty with fewer than two."""
+    done = [r for rs in runs.values() for r in rs if r.get("profile_us") and _steady(r) is not None]
+    if len(done) < 2:
+        return []
+    fast, slow = min(done, key=_steady), max(done, key=_steady)
+    a, b = fast["profile_us"], slow["profile_us"]
+    total = f"{sum(a.values()):.1f} / {sum(b.values()):.1f} us per call in its top kernels"
+    lines = [f"kernels, fastest {fast['name']} ({_steady(fast):.4g} ms) against slowest {slow['name']} "
+             f"({_steady(slow):.4g} ms): {total}"]  # fmt: skip
+    for k in sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, 0.0) - a.get(k, 0.0)))[:top]:
+        lines.append(f"  {k[:70]:70s} {a.get(k, 0.0):9.2f} {b.get(k, 0.0):9.2f} us")
+    return lines
+
+
 def summary(r: dict[str, Any]) -> str:
     """One replica's figures in a line, said as it finishes: a run cut short (a device call's time limit) keeps them."""
     if not r["ok"]:
@@ -321,6 +356,9 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
             rounds = r.get("rounds_ms") or []
             if rounds:
                 metrics.update(steady_ms=(steady, "ms"), steady_rounds=(float(len(rounds)), ""))
+            profiled = r.get("profile_us") or {}
+            if profiled:
+                metrics["profiled_us_per_call"] = (sum(profiled.values()), "us")
             for k, v in (("compile_saved_s", saved), ("first_output_x_cold", ratio), ("steady_x_cold", steady_ratio),
                          ("rel_err", err)):  # fmt: skip
                 if v is not None:
@@ -328,7 +366,8 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
             params = {"model": plan.model, "batch": plan.batch, "dtype": plan.dtype, "preset": plan.preset,
                       "replicas": len(done), **({"error": r["error"]} if r["error"] else {}),
                       **({"how": c["how"]} if c.get("how") else {}), **({"code": c["code"]} if c.get("code") else {}),
-                      **({"rounds_ms": [round(x, 5) for x in rounds]} if rounds else {})}  # fmt: skip
+                      **({"rounds_ms": [round(x, 5) for x in rounds]} if rounds else {}),
+                      **({"profile_us": profiled} if profiled else {})}  # fmt: skip
             rows += make_rows("fleet", plan.point, r["name"], metrics, params)
             misses = remote.get("by_cache", {}).get("fx-graph-v1.miss", 0)
             if not r["ok"]:
@@ -354,7 +393,8 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
     how = (f"steady: the median of {rounds} rounds of {plan.reps} calls, the replicas interleaved" if rounds
            else f"steady: {plan.reps} calls in each replica before it exited")  # fmt: skip
     about = f"{plan.point}: each replica a fresh process with an empty local cache, one Redis; {base}; {how}"
-    return rows, "\n".join([about, format_table(headers, table)]), "; ".join(failures) or None
+    text = [about, format_table(headers, table), *profile_differences(runs)]
+    return rows, "\n".join(text), "; ".join(failures) or None
 
 
 def run(args, sources: Sources) -> tuple[list[Result], str, str | None]:
@@ -367,6 +407,11 @@ def run(args, sources: Sources) -> tuple[list[Result], str, str | None]:
     rounds = STEADY_ROUNDS if rounds is None else rounds
     if rounds < 0:
         raise UsageError(f"--steady-rounds {rounds}: give 0 (each replica times itself before it exits) or more")
+    profiles = getattr(args, "profile_calls", None)
+    profiles = PROFILE_CALLS if profiles is None else profiles
+    if profiles < 0 or (profiles and not rounds):
+        why = "the replicas are held only for steady rounds" if profiles > 0 else "give 0 (none) or more"
+        raise UsageError(f"--profile-calls {profiles}: {why}")
     key = secrets.token_hex(16)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="fullgraph-fleet-") as work:
@@ -379,6 +424,7 @@ def run(args, sources: Sources) -> tuple[list[Result], str, str | None]:
                     url = _url(server.url, server.password, db)
                     run_variant(v, plan, work, url, key, n, sources.progress, runs[v], hold=rounds > 0)
                 steady_rounds(runs, rounds, plan.reps, plan.timeout, sources.progress)
+                profile_replicas(runs, profiles, plan.timeout, sources.progress)
         finally:  # the held replicas end here, also when a variant failed or Ctrl-C stopped the run
             for r in (r for done in runs.values() for r in done if r.get("rep")):
                 _close(r, 30.0)
