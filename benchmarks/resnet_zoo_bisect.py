@@ -107,7 +107,6 @@ def _cli_inproc(model: str, batch: int, device, reps: int) -> dict:
     forward of plain and fullgraph profiled right after the zoo timed them (its timer wrapped)."""
     import tempfile
 
-    from fullgraph.bench.results import read_csv
     from fullgraph.bench.suites import zoo
     from fullgraph.cli.main import main as cli_main
 
@@ -127,26 +126,8 @@ def _cli_inproc(model: str, batch: int, device, reps: int) -> dict:
     zoo.round_medians = timed_then_profiled
     with tempfile.TemporaryDirectory() as tmp:
         csv = os.path.join(tmp, "zoo.csv")
-        cli_main(
-            [
-                "bench",
-                "zoo",
-                "--models",
-                model,
-                "--batches",
-                str(batch),
-                "--modes",
-                "default",
-                "--reps",
-                str(reps),
-                "--device",
-                str(device),
-                "--csv",
-                csv,
-                *(["--small"] if model.startswith("small/") else []),
-            ]
-        )
-        ms = {r.variant: r.value for r in read_csv(csv) if r.metric == "median_ms"} if os.path.exists(csv) else {}
+        cli_main(zoo_argv(model, batch, reps, str(device), csv))
+        ms = zoo_ms(csv)
     if "plain" not in ms or "fullgraph" not in ms:
         raise SystemExit("cli-inproc: the command line measured nothing")
     return {"step": "cli-inproc", "plain": ms["plain"], "fullgraph": ms["fullgraph"], "events": events, "caught": []}
@@ -203,20 +184,29 @@ def differences(events: dict, top: int = 8) -> list[str]:
     return lines
 
 
+def zoo_argv(model: str, batch: int, reps: int, device: str, csv: str) -> list[str]:
+    """`fullgraph bench zoo`'s arguments (after the program) for the one point, its rows into `csv`."""
+    return ["bench", "zoo", "--models", model, "--batches", str(batch), "--modes", "default", "--reps", str(reps),
+            "--device", device, "--csv", csv, *(["--small"] if model.startswith("small/") else [])]  # fmt: skip
+
+
+def zoo_ms(csv: str) -> dict[str, float]:
+    """Each variant's median ms in a zoo CSV (none when the command wrote no file)."""
+    from fullgraph.bench.results import read_csv
+
+    return {r.variant: r.value for r in read_csv(csv) if r.metric == "median_ms"} if os.path.exists(csv) else {}
+
+
 def _cli(model: str, args) -> str:
     """`fullgraph bench zoo` at the one point, in its own process: its line of this table."""
     import tempfile
 
-    from fullgraph.bench.results import read_csv
-
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         csv = os.path.join(tmp, "zoo.csv")
-        argv = [sys.executable, "-m", "fullgraph", "bench", "zoo", "--models", model, "--batches", str(args.batch),
-                "--modes", "default", "--reps", str(args.reps), "--device", args.device, "--csv", csv,
-                *(["--small"] if model.startswith("small/") else [])]  # fmt: skip
+        argv = [sys.executable, "-m", "fullgraph", *zoo_argv(model, args.batch, args.reps, args.device, csv)]
         done = subprocess.run(argv, capture_output=True, text=True)
-        ms = {r.variant: r.value for r in read_csv(csv) if r.metric == "median_ms"} if os.path.exists(csv) else {}
+        ms = zoo_ms(csv)
     took = time.perf_counter() - start
     if "plain" not in ms or "fullgraph" not in ms:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -216,9 +216,13 @@ class Steady:
     def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], device: torch.device):
         self.fn, self.inputs, self.device = fn, inputs, device
 
-    def __call__(self, reps: int) -> float:
+    def measure(self, reps: int):
+        """`timing.measure` of `reps` more calls (at least one), gradients off."""
         with torch.no_grad():
-            return measure(lambda: self.fn(*self.inputs), device=self.device, warmup=2, reps=max(reps, 1)).median_ms
+            return measure(lambda: self.fn(*self.inputs), device=self.device, warmup=2, reps=max(reps, 1))
+
+    def __call__(self, reps: int) -> float:
+        return self.measure(reps).median_ms
 
     def profile(self, calls: int) -> dict[str, float]:
         from torch.autograd import DeviceType
@@ -330,10 +334,10 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., 
     if not timed:
         return None
 
-    with torch.no_grad():
-        timing = measure(lambda: fn(*inputs), device=device, warmup=2, reps=max(args.reps, 1))
+    steady = Steady(fn, inputs, device)
+    timing = steady.measure(args.reps)
     report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms, code=code_fingerprint())
-    return Steady(fn, inputs, device)
+    return steady
 
 
 def code_fingerprint() -> str | None:

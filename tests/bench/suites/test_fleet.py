@@ -203,7 +203,7 @@ def test_profiles_name_the_kernels_that_differ_between_the_fastest_and_slowest_r
         fleet.steady_rounds(runs, 1, 4, 30.0, said.append)
         fleet.profile_replicas(runs, 7, 30.0, said.append)
     finally:
-        for r in (r for done in runs.values() for r in done if r.get("rep")):
+        for r in fleet._held(runs):
             fleet._close(r, 10.0)
     a, b = runs["cold"][0], runs["published"][0]
     assert said[-1] == "profiles: 7 calls of each of the 2 replicas under torch's profiler"

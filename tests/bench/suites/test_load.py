@@ -375,11 +375,17 @@ def slow_leaky():
     return SlowLeaky(), torch.randn(4, 8)
 
 
+def memory_calls_run(tmp_path, monkeypatch, target: str, calls: int):
+    """`bench load` of this file's TARGET as eager at 1 and 4 threads with --memory-calls, GPU memory read as
+    Leaky.held: bench_load's (exit code, rows)."""
+    monkeypatch.setattr(suite.Driver, "memory", lambda self: Leaky.held)
+    return bench_load(tmp_path, f"{HERE}:{target}", "--callable", "eager", "--threads", "1,4", "--memory-calls",
+                      str(calls))  # fmt: skip
+
+
 def test_memory_calls_reads_memory_over_that_many_calls(tmp_path, monkeypatch, capsys):
     # the issue's "GPU memory after 10,000 calls" where the timed rounds make fewer (ViT-B/16 b64: ~5,000 in 30 s)
-    monkeypatch.setattr(suite.Driver, "memory", lambda self: Leaky.held)
-    rc, by = bench_load(tmp_path, f"{HERE}:slow_leaky", "--callable", "eager", "--threads", "1,4",
-                        "--memory-calls", "3000")  # fmt: skip
+    rc, by = memory_calls_run(tmp_path, monkeypatch, "slow_leaky", 3000)
     assert rc == 0
     timed = int(by["eager"][1]["calls"] + by["eager"][4]["calls"])
     whole = by["eager"]["all"]
@@ -415,9 +421,7 @@ def fails_late():
 
 
 def test_an_exception_in_the_memory_calls_fails_the_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(suite.Driver, "memory", lambda self: Leaky.held)
-    rc, by = bench_load(tmp_path, f"{HERE}:fails_late", "--callable", "eager", "--threads", "1,4",
-                        "--memory-calls", "6000")  # fmt: skip
+    rc, by = memory_calls_run(tmp_path, monkeypatch, "fails_late", 6000)
     assert rc == 1
     assert by["eager"][1]["exceptions"] == by["eager"][4]["exceptions"] == 0  # the timed rounds and checks were clean
     captured = capsys.readouterr()

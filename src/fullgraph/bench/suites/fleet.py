@@ -217,10 +217,15 @@ def _finish(rep: _Replica, timeout: float) -> dict[str, Any]:
     return r
 
 
+def _held(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The replicas still alive (held after their first output), in the order they started."""
+    return [r for done in runs.values() for r in done if r.get("rep")]
+
+
 def steady_rounds(runs: dict[str, list[dict[str, Any]]], rounds: int, reps: int, timeout: float, say) -> None:
     """Each held replica times `rounds` rounds of `reps` calls, one replica at a time, the order rotated each
     round (`rounds_ms`, whose median is its steady time: `_steady`). A replica that stops answering is a failure."""
-    held = [r for done in runs.values() for r in done if r.get("rep")]
+    held = _held(runs)
     if not held:
         return
     say(f"steady state: {rounds} rounds of {reps} calls, the {len(held)} replicas in turn")
@@ -241,7 +246,7 @@ def profile_replicas(runs: dict[str, list[dict[str, Any]]], calls: int, timeout:
     """Each held replica's kernels over `calls` calls under torch's profiler (`profile_us`: microseconds per call by
     kernel), one replica at a time: what two replicas that time apart run differently. A replica that does not
     answer keeps no profile (the steady rounds already judged it)."""
-    held = [r for done in runs.values() for r in done if r.get("rep")]
+    held = _held(runs)
     if not held or calls < 1:
         return
     say(f"profiles: {calls} calls of each of the {len(held)} replicas under torch's profiler")
@@ -426,7 +431,7 @@ def run(args, sources: Sources) -> tuple[list[Result], str, str | None]:
                 steady_rounds(runs, rounds, plan.reps, plan.timeout, sources.progress)
                 profile_replicas(runs, profiles, plan.timeout, sources.progress)
         finally:  # the held replicas end here, also when a variant failed or Ctrl-C stopped the run
-            for r in (r for done in runs.values() for r in done if r.get("rep")):
+            for r in _held(runs):
                 _close(r, 30.0)
     return report(plan, runs, expected)
 
