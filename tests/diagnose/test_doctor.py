@@ -174,8 +174,10 @@ def unloaded_doctor(model, inputs, attempts: int = 3):
                 noisy_runs.append(noisy)
         time.sleep(5)
     assert not noisy_runs or len(noisy_runs) < attempts, f"unloaded, every run marked rows noisy: {noisy_runs}"
-    pytest.skip(f"another process kept a core busy: the unloaded half cannot run on this machine now ({len(noisy_runs)}"
-                " quiet runs were noisy)")
+    pytest.skip(
+        f"another process kept a core busy: the unloaded half cannot run on this machine now ({len(noisy_runs)}"
+        " quiet runs were noisy)"
+    )
 
 
 @pytest.mark.slow
