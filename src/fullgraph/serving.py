@@ -117,7 +117,9 @@ class _Shared:
         if n > 1:
             mine.n = n - 1
             return
-        with self._cond:
+        with (
+            self._lock
+        ):  # the condition's own lock: entered directly, Condition's Python-level enter costs on every call
             if self._writer == threading.get_ident():
                 self._writer_depth -= 1
                 if self._writer_depth == 0:
@@ -131,6 +133,8 @@ class _Shared:
 
 
 _PROCESS = _Shared()
+hold_process, release_process = _PROCESS.acquire, _PROCESS.release  # the hold as two calls: a caller that decides
+# its mode under a shared hold (CompiledModel reads Dynamo's config there, where no call can change it)
 
 
 class process_settings:
@@ -433,7 +437,9 @@ __all__ = [
     "OutOfMemoryError",
     "copy_out",
     "guard_for",
+    "hold_process",
     "input_signature",
     "out_of_memory",
     "process_settings",
+    "release_process",
 ]

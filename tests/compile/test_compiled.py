@@ -235,6 +235,9 @@ def test_inputs_keep_the_dtype_and_device_they_were_compiled_for():
         cm(x.double(), {"bias": bias})
     with pytest.raises(UsageError, match=r"input \"extra\['bias'\]\": .*got torch.float16"):
         cm(x, extra={"bias": bias.half()})
+    cm(x, {"bias": bias})  # a container among the positional arguments is checked at every call, never skipped
+    with pytest.raises(UsageError, match=r"input \"extra\['bias'\]\": .*got torch.float16"):
+        cm(x, {"bias": bias.half()})
     fresh = fullgraph.compile(Keyed(), backend="eager")
     with pytest.raises(UsageError, match="input 'x' is on meta but the model is on cpu"):
         fresh(torch.empty(2, 8, device="meta"), {"bias": bias})

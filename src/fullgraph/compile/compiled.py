@@ -54,11 +54,10 @@ from fullgraph.compile.rewrites import check_spec as check_rewrites
 from fullgraph.compile.stats import CompileStats, Tracker
 from fullgraph.compile.trace import TraceScope
 from fullgraph.errors import FullgraphError, UsageError
-from fullgraph.serving import copy_out, guard_for, out_of_memory, process_settings
+from fullgraph.serving import copy_out, guard_for, hold_process, out_of_memory, release_process
 
 ON_ERROR = ("raise", "eager")
 _NOTHING = contextlib.nullcontext()  # reusable: it keeps no state
-_SHARED, _ALONE = process_settings(False), process_settings(True)  # reusable: they keep no state
 
 
 @contextlib.contextmanager
@@ -172,20 +171,33 @@ class CompiledModel(nn.Module):
             yield self._call(args, kwargs, warming=False, copy=False)
 
     def _call(self, args: tuple, kwargs: dict, *, warming: bool, copy: bool = True) -> Any:
-        with self._guard, self._process(warming), torch.no_grad() if torch.is_grad_enabled() else _NOTHING:
-            out = self._locked_call(args, kwargs, warming)
-            return copy_out(out) if copy and self._copies and not self._eager else out
+        with self._guard, torch.no_grad() if torch.is_grad_enabled() else _NOTHING:
+            held = self._hold(warming)
+            try:
+                out = self._locked_call(args, kwargs, warming, held)
+                return copy_out(out) if copy and self._copies and not self._eager else out
+            finally:
+                release_process()
 
-    def _process(self, warming: bool) -> process_settings:
-        """Alone in the process when this call sets a setting torch keeps process-wide (see the module docstring)."""
+    def _hold(self, warming: bool) -> bool:
+        """Takes the process hold this call needs: alone in the process when the call sets a setting torch keeps
+        process-wide (see the module docstring), shared otherwise. Returns whether Dynamo's config already holds this
+        model's values, read once (~2 us on the 2-core CPU) under the hold, where no other call can change it: a
+        shared hold whose config does not hold becomes an exclusive one."""
         if self._eager:
-            return _SHARED
-        if self._trace is not None or self._parts_config or (self._strict and self._warmed and not warming):
-            return _ALONE
+            hold_process(False)
+            return True
+        alone = self._trace is not None or self._parts_config or (self._strict and self._warmed and not warming)
+        hold_process(alone)
         dynamo = self._resolved.dynamo
-        return _ALONE if dynamo and not DynamoConfig.holds(dynamo) else _SHARED
+        if not dynamo or DynamoConfig.holds(dynamo):
+            return True
+        if not alone:
+            release_process()
+            hold_process(True)
+        return DynamoConfig.holds(dynamo)
 
-    def _locked_call(self, args: tuple, kwargs: dict, warming: bool) -> Any:
+    def _locked_call(self, args: tuple, kwargs: dict, warming: bool, held: bool) -> Any:
         args, kwargs = self._inputs(args, kwargs)
         if self._copies and self.__dict__.get("_cuda"):
             self._guard.follow_stream()
@@ -195,11 +207,11 @@ class CompiledModel(nn.Module):
         strict = self._strict and self._warmed and not warming and not self._eager
         self._tracker.begin()
         try:
-            with self._scope(strict):
+            with self._scope(strict, held):
                 out = fn(*args, **kwargs)
             if self._copies and self._guard.warmed_up():  # record on this thread now (CallGuard.warmed_up)
                 del out
-                with self._scope(strict):
+                with self._scope(strict, held):
                     out = fn(*args, **kwargs)
         except torch.OutOfMemoryError as e:  # the inputs do not fit: not a compile failure, never a fallback
             self._tracker.end()
@@ -220,12 +232,12 @@ class CompiledModel(nn.Module):
             self._warmed = True
         return out
 
-    def _scope(self, strict: bool) -> contextlib.AbstractContextManager:
+    def _scope(self, strict: bool, held: bool) -> contextlib.AbstractContextManager:
         """The contexts around one call, as one context manager. The hot path (a steady call under a preset) needs
         one or none: a generator context manager and an ExitStack around them cost 10-30 us of host time per call on
         the 2-core CPU (2026-12-03, benchmarks/wrapper_overhead.py), so those serve only calls that need several."""
         scopes: list[contextlib.AbstractContextManager] = []
-        if self._resolved.dynamo and not DynamoConfig.holds(self._resolved.dynamo):
+        if not held:  # Dynamo's config differs from this model's (read under the process hold, CompiledModel._hold)
             scopes.append(DynamoConfig(self._resolved.dynamo))
         if strict:
             scopes.append(torch.compiler.set_stance("fail_on_recompile"))
@@ -267,12 +279,15 @@ class CompiledModel(nn.Module):
 
     def _inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Floating inputs cast to `dtype=`; every tensor checked against what it was on the first call."""
+        raw = _key(args) if not kwargs else None
+        raw = raw if raw is not None and _MIXED not in raw else None  # the usual call: positional tensors, scalars
+        if raw is not None and raw == self.__dict__.get("_ready"):  # as the last checked call, with nothing to cast
+            return args, kwargs
         flat = all(isinstance(a, _LEAVES) for a in args) and all(isinstance(v, _LEAVES) for v in kwargs.values())
         if self._dtype is not None:
             args, kwargs = _cast(args, kwargs, self._dtype, flat)
         # the usual call, positional tensors and scalars, as the last checked one: nothing new to check
-        plain = flat and not kwargs
-        key = tuple((a.dtype, a.device) if isinstance(a, torch.Tensor) else None for a in args) if plain else None
+        key = _key(args) if raw is not None else None  # (the cast keeps tensors tensors)
         if key is not None and key == self.__dict__.get("_checked"):
             return args, kwargs
         seen: dict[str, tuple[torch.dtype, torch.device]] = {}
@@ -289,8 +304,11 @@ class CompiledModel(nn.Module):
                 raise UsageError(f"input {name!r}: the model was compiled for {want[0]} on {want[1]}, got "
                                  f"{got[0]} on {got[1]}")  # fmt: skip
         self._signature.update(seen)
+        # kept out of nn.Module's attribute machinery: read and set on the hot path
         self.__dict__["_cuda"] = any(d.type == "cuda" for _, d in self._signature.values())
-        self.__dict__["_checked"] = key  # kept out of nn.Module's attribute machinery: read and set on the hot path
+        self.__dict__["_checked"] = key
+        # the cast changed no dtype: the next call with these inputs' kinds skips it and the checks
+        self.__dict__["_ready"] = raw if raw is not None and raw == key else None
         return args, kwargs
 
     def _tensors(self, args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.Tensor]]:
@@ -307,7 +325,7 @@ class CompiledModel(nn.Module):
     def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(), ...: all go through here
         out = super()._apply(fn, recurse)
         self._signature = {}
-        self.__dict__["_checked"] = None
+        self.__dict__["_checked"] = self.__dict__["_ready"] = None
         self._warmed = False
         if self._dtype is not None:
             floats = [p.dtype for p in self._orig_mod.parameters() if p.is_floating_point()]
@@ -391,6 +409,16 @@ class CompiledModel(nn.Module):
 
 
 _LEAVES = (torch.Tensor, int, float, bool, str, type(None))
+_SCALARS = _LEAVES[1:]
+_MIXED = object()  # in an input key: an argument that is neither a tensor nor a scalar (a list, a dict)
+
+
+def _key(args: tuple) -> tuple:
+    """What the input checks depend on, per positional argument: a tensor's dtype and device, None for a scalar."""
+    return tuple(
+        (a.dtype, a.device) if isinstance(a, torch.Tensor) else None if isinstance(a, _SCALARS) else _MIXED
+        for a in args
+    )
 
 
 def _cast(args: tuple, kwargs: dict, dtype: torch.dtype, flat: bool) -> tuple[tuple, dict]:
