@@ -209,3 +209,29 @@ def test_each_recompile_counts_once_however_many_cache_entries_it_tried():
     variants = [("batch", Example.of(torch.randn(n, 16))) for n in (3, 5, 7)]
     found = dynamo.capture_recompiles(compiled, variants)
     assert len(found) == 1 and found[0].count == 3, found
+
+
+def _shared(t):
+    torch._dynamo.graph_break()  # compiled as its own frame, once per kind of argument
+    return t * 2 + 1
+
+
+class SharedHelper(torch.nn.Module):
+    """One forward calls a helper twice with arguments of two ranks, as a decorator's wrapper shared by several
+    modules is called (transformers' SegFormer): a recompile inside the first call, with no input changed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _shared(self.fc(x)).sum() + _shared(x[None]).sum()
+
+
+def test_a_recompile_inside_the_first_call_is_not_blamed_on_the_inputs():
+    rec, _ = dynamo.capture_breaks(SharedHelper(), Example.of(torch.randn(2, 8)))
+    [r] = dynamo.first_call_recompiles(rec)
+    assert r.trigger == "first call" and "rank mismatch" in r.guard_failure
+    assert r.fix.startswith("not your inputs: one call runs this function again with other arguments")
+    assert "recompile limit (" in r.fix and r.fix.endswith("give it one rank on every call (reshape or unsqueeze the "
+                                                           "same way each time)")  # fmt: skip

@@ -29,6 +29,7 @@ from fullgraph.diagnose import fixes as our_fixes
 from fullgraph.diagnose.detections import IOU_MIN, MATCHED_MIN, matched_fraction
 from fullgraph.diagnose.inputs import Example, flat_tensors
 from fullgraph.diagnose.report import ConfigResult, Recommendation
+from fullgraph.diagnose.rng import describe, maybe_seeded, random_draws
 from fullgraph.errors import UsageError
 from fullgraph.ops import policy
 from fullgraph.timing import first_call, measure, peak_memory
@@ -130,6 +131,7 @@ class Candidate:
     err: float | None = None
     matched: float | None = None  # detection outputs: fraction of detections matched (diagnose.detections)
     matched_min: float | None = None  # what `matched` must reach where not the detections' (integer outputs: all)
+    rng: str = ""  # how a model drawing random numbers was checked (diagnose.rng): "seeded", "seeded, fallback_random"
     error: str | None = None
     samples: list[float] = field(default_factory=list)
     round_medians: list[float] = field(default_factory=list)
@@ -173,38 +175,54 @@ class Candidate:
             round_ms=list(self.round_medians), ops=dict(self.ops), matched=self.matched,
             rewrites=dict(self.rewrites), rewrites_off=self.rewrites_off,
             matched_min=None if self.matched is None else self.matched_min or MATCHED_MIN.get(self.dtype, 0.95),
-            fixes=list(self.fixes),
+            fixes=list(self.fixes), rng=self.rng,
         )  # fmt: skip
 
 
-def build(model: Callable, mode: str, dtype: torch.dtype, rewrites_off: bool = False) -> Callable:
+def build(model: Callable, mode: str, dtype: torch.dtype, rewrites_off: bool = False,
+          options: dict[str, Any] | None = None) -> Callable:  # fmt: skip
     """The model in `dtype` (a copy: the user's model is never changed) and compiled with `mode` unless eager,
     through `fullgraph.compile` (validated options, scoped config), as the recommendation's code will be.
 
     A plain function cannot be cast: it runs on inputs cast to `dtype` with whatever weights it closes over, and
     is compiled with torch.compile (fullgraph.compile takes modules)."""
     if not isinstance(model, nn.Module):
-        return model if mode == "eager" else torch.compile(model, mode=mode)
+        return model if mode == "eager" else torch.compile(model, mode=mode, options=options)
     m = copy.deepcopy(model).to(dtype).eval()
     if mode == "eager":
         return m
-    off = {"rewrites": []} if rewrites_off else {}
+    off: dict[str, Any] = {"rewrites": []} if rewrites_off else {}
+    if options:
+        off["options"] = options
     return fullgraph_compile(m, mode, **off) if mode in PRESETS else fullgraph_compile(m, mode=mode, **off)
 
 
-def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: torch.device) -> None:
-    """Compile (the first call, timed), check numerics and peak memory; failures are recorded, not raised."""
+def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: torch.device,
+            random: bool = False) -> None:  # fmt: skip
+    """Compile (the first call, timed), check numerics and peak memory; failures are recorded, not raised.
+    `random`: the model draws random numbers in forward (diagnose.rng): the check call is seeded as the
+    reference's was, and a compiled row that still differs is checked through a compile that draws as eager does."""
     try:
         fn = build(model, c.mode, c.dtype, c.rewrites_off)
         x = example.cast(c.dtype)
         with torch.no_grad(), c.policies():
             c.compile_s, _ = first_call(lambda: x.call(fn), device)
             c.rewrites = fn.stats.rewrite_counts() if isinstance(fn, CompiledModel) else {}
-            c.call_s, out = first_call(lambda: x.call(fn), device)
+            with maybe_seeded(device, random):
+                c.call_s, out = first_call(lambda: x.call(fn), device)
             c.err = rel_err(out, ref)
+            if random:
+                c.rng = "seeded"
+                if c.mode != "eager" and not c.err <= TOLERANCE.get(c.dtype, 1e-3):
+                    try:
+                        c.err, out = _drawn_as_eager(c, model, x, ref, device), None
+                        c.rng = "seeded, fallback_random"
+                    except Exception as e:  # the check's own compile failed: the seeded comparison stands
+                        c.rng = f"seeded (the fallback_random check failed: {env.first_line(e, 120)})"
             # A list of detections is judged by matched detections: a reorder of near-tied scores is not an error.
-            c.matched = matched_fraction(out, ref, IOU_MIN.get(c.dtype, 0.8), TOLERANCE.get(c.dtype, 1e-3))
-            if c.matched is None and (same := integer_match(out, ref)) is not None:
+            c.matched = None if out is None else matched_fraction(out, ref, IOU_MIN.get(c.dtype, 0.8),
+                                                                    TOLERANCE.get(c.dtype, 1e-3))  # fmt: skip
+            if c.matched is None and out is not None and (same := integer_match(out, ref)) is not None:
                 c.matched, c.matched_min = same, 1.0  # token ids, labels: equal or not, element by element
             c.peak = peak_memory(lambda: x.call(fn), device)
 
@@ -217,6 +235,56 @@ def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: t
         c.error = env.first_line(e, 300)
         if c.mode in PRESETS and PRESETS[c.mode].fullgraph and isinstance(e, torch._dynamo.exc.Unsupported):
             c.error = f"{c.mode} compiles one graph (fullgraph=True), and this model breaks: {c.error}"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Eager float32's output, which every row is checked against, and what the doctor learnt getting it."""
+
+    out: Any
+    random: bool  # the model draws random numbers in forward: check calls are seeded (diagnose.rng)
+    note: str  # what a reader must know about the comparison ("" when the model is a function of its inputs)
+
+
+def reference(ref_model: Callable, example: Example, device: torch.device) -> Reference:
+    """Eager float32's output for `example`, called twice: the random numbers one call draws are read (diagnose.rng),
+    and a model that draws them is called seeded; a second call that still differs from the first is said."""
+    x = example.cast(torch.float32)
+    draws = random_draws(lambda: x.call(ref_model))
+    random = bool(draws)
+    outs = []
+    for _ in range(2):
+        with torch.no_grad(), maybe_seeded(device, random):
+            outs.append(x.call(ref_model))
+    drift = rel_err(outs[1], outs[0])
+    tol = TOLERANCE[torch.float32]
+    note = ""
+    if random:
+        note = (
+            f"the model draws random numbers in forward ({describe(draws)}): each row's output is checked with "
+            "torch's generators seeded as the reference's were (rel err marked seeded); compiled code draws its own "
+            "numbers, so a compiled row that differs is checked again through a compile with "
+            "torch._inductor.config.fallback_random=True, which draws as eager does (marked fallback_random), its "
+            "timing still the row's own code"
+        )
+        if not drift <= tol:
+            note += f"; seeded, eager float32 still gave another output on its second call (rel err {drift:.1e})"
+    elif not drift <= tol:
+        note = (
+            f"eager float32 gave another output for the same inputs on its second call (rel err {drift:.1e}) and "
+            "draws no random numbers: the model keeps state across calls or runs nondeterministic kernels, so rows "
+            "differ from the reference by that much at least"
+        )
+    return Reference(outs[0], random, note)
+
+
+def _drawn_as_eager(c: Candidate, model: Callable, x: Example, ref: Any, device: torch.device) -> float:
+    """The relative error of row `c`'s compiled code when it draws random numbers as eager does: compiled again
+    with Inductor's `fallback_random` (torch's own random ops, consuming the seeded generator as eager does) and
+    called seeded. One more compile, for the check only: the row's timing stays its own code's."""
+    check = build(model, c.mode, c.dtype, c.rewrites_off, options={"fallback_random": True})
+    with maybe_seeded(device, True):
+        return rel_err(x.call(check), ref)
 
 
 def plain_twins(cands: Sequence[Candidate]) -> list[Candidate]:

@@ -171,9 +171,9 @@ def doctor(
         notes += failed
         capture_s = time.monotonic() - capture_s
 
-        with torch.no_grad():
-            ref_model = cfg.build(model, "eager", torch.float32)
-            ref = example.cast(torch.float32).call(ref_model)
+        reference = cfg.reference(cfg.build(model, "eager", torch.float32), example, device)
+        ref = reference.out
+        notes += [reference.note] if reference.note else []
         # Breaks and recompiles above ran under torch's own recompile limit, as explain and a user's torch.compile
         # do (past it a function runs eagerly and its callees compile on their own, which changes the count). Every
         # configuration below compiles the same code objects again: raise the limit for those, so none silently
@@ -194,7 +194,7 @@ def doctor(
         def prepare(c: cfg.Candidate) -> None:
             say(f"{c.name}: {'first call' if c.mode == 'eager' else 'compiling'}")
             with dynamo.cudagraph_skips() as skips:
-                cfg.prepare(c, model, example, ref, device)
+                cfg.prepare(c, model, example, ref, device, reference.random)
             cudagraph_skips.extend(f"{c.name}: {s}" for s in skips)
 
         cudagraph_skips: list[str] = []

@@ -288,10 +288,23 @@ def capture_recompiles(compiled: Callable, variants: Sequence[tuple[str, Example
 
 
 def first_call_recompiles(rec: Recorder) -> list[Recompile]:
-    """The recompiles inside the first call (trigger "first call"), one entry per cause."""
+    """The recompiles inside the first call (trigger "first call"), one entry per cause. Nothing the user passed
+    changed: one call ran a function more than once with other inputs, so the fix says that first (transformers'
+    SegFormer on the CPU: the `wrapper` of its output-capturing decorator, compiled per calling module after a
+    break, read "an input's number of dims changed: give it one rank on every call")."""
     groups: dict[tuple[str, str], Recompile] = {}
     _fold(groups, "first call", rec.first_call_failures)
-    return list(groups.values())
+    limit = getattr(torch._dynamo.config, dynamo_config_name("recompile_limit"))
+    return [dataclasses.replace(r, fix=_within_one_call(r, limit)) for r in groups.values()]
+
+
+def _within_one_call(r: Recompile, limit: int) -> str:
+    return (
+        "not your inputs: one call runs this function again with other arguments (a helper or a decorator's wrapper "
+        "shared by several modules, compiled on its own after a break); each kind compiles once and later calls "
+        f"reuse it. Nothing to fix while its compiles stay under torch's recompile limit ({limit}), past which it "
+        f"runs eagerly; to share one graph: {r.fix}"
+    )
 
 
 def _fold(groups: dict[tuple[str, str], Recompile], trigger: str, failures: Sequence[tuple]) -> None:

@@ -117,6 +117,10 @@ class ConfigResult:
     matched: float | None = None
     matched_min: float | None = None
     fixes: list[str] = field(default_factory=list)  # our fixes the row ran with (--with); never recommended
+    # A model drawing random numbers in forward (diagnose.rng): "seeded" (checked with torch's generators seeded as
+    # the reference's were), "seeded, fallback_random" (a compiled row checked through a compile drawing as eager
+    # does); "" for a model that draws none
+    rng: str = ""
 
     @property
     def ok(self) -> bool:
@@ -138,7 +142,9 @@ class ConfigResult:
         """What the output was judged by: "97% matched" for detections, else the relative error; "" if neither."""
         if self.matched is not None:
             return f"{self.matched:.1%} matched"
-        return "" if self.rel_err is None else f"{self.rel_err:.1e}"
+        if self.rel_err is None:
+            return ""
+        return f"{self.rel_err:.1e}" + (f" ({self.rng.split(', ')[-1].split(' ')[0]})" if self.rng else "")
 
 
 @dataclass(frozen=True)

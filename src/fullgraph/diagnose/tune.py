@@ -179,11 +179,12 @@ def tune(
         say("reference: eager fp32, and which of fullgraph's ops the model calls")
         ref_model = cfg.build(model, "eager", torch.float32)
         x32 = example.cast(torch.float32)
-        with torch.no_grad():
-            try:
-                ref = x32.call(ref_model)
-            except Exception as e:  # the user's bug to fix first, in one line
-                raise FullgraphError(f"the model fails in eager mode: {env.first_line(e, 300)}") from e
+        try:
+            reference = cfg.reference(ref_model, example, device)
+        except Exception as e:  # the user's bug to fix first, in one line
+            raise FullgraphError(f"the model fails in eager mode: {env.first_line(e, 300)}") from e
+        ref = reference.out
+        notes += [reference.note] if reference.note else []
         used = ops_in(ref_model, x32)
         variants = [dict(v) for v in ops] if ops is not None else policy_variants(used, device)
         if used:
@@ -210,7 +211,7 @@ def tune(
             if not report["ok"]:
                 c.error = report["error"]
             else:
-                cfg.prepare(c, model, example, ref, device)
+                cfg.prepare(c, model, example, ref, device, reference.random)
                 if c.error is None:
                     warm.append(f"{c.name} {c.compile_s:.1f} s")
                     c.compile_s = report["compile_s"]  # what compiling it costs, shown as such
@@ -230,7 +231,7 @@ def tune(
                 eta = clock.estimate(c)
                 what = "first call" if c.mode == "eager" else f"compiling (about {eta:.0f} s)" if eta else "compiling"
                 say(f"{stage} [{len(rows) + 1}] {c.name}: {what}; {clock.deadline - time.monotonic():.0f} s left")
-                cfg.prepare(c, model, example, ref, device)
+                cfg.prepare(c, model, example, ref, device, reference.random)
                 clock.observe(c)
                 rows.append(c)
 

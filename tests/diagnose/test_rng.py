@@ -1,0 +1,101 @@
+"""Models whose output is not a function of their inputs alone (diagnose.rng): random numbers drawn in forward, state
+kept across calls. The doctor must not call their numerics broken, nor call a stateful model's drift agreement."""
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fullgraph.diagnose import doctor as doc
+from fullgraph.diagnose.report import Report
+from fullgraph.diagnose.rng import random_draws, seeded
+from fullgraph.diagnose.summary import format_summary
+
+
+class Masked(nn.Module):
+    """ViTMAE's pre-training forward in small: a random half of the tokens kept (noise, argsort, gather), then a
+    diffusion policy's noise added: two draws, both from the user's code."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        noise = torch.rand(x.shape[0], x.shape[1], device=x.device)  # the masking draw
+        keep = noise.argsort(dim=1)[:, : x.shape[1] // 2]
+        kept = torch.gather(x, 1, keep[..., None].expand(-1, -1, x.shape[2]))
+        h = self.proj(kept)
+        return h + 0.1 * torch.randn_like(h)  # the noise draw
+
+
+class Counter(nn.Module):
+    """Keeps state across calls: each call adds how many calls came before."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.fc(x) + self.calls
+
+
+def _line(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_draws_are_read_with_their_lines_and_dropout_that_draws_nothing_is_not_one():
+    x, model, linear = torch.randn(3, 10, 16), Masked(), nn.Linear(8, 8)  # built outside: their init draws
+    draws = random_draws(lambda: model(x))
+    assert sorted(d.op for d in draws) == ["aten.rand", "aten.randn_like"]
+    rand = next(d for d in draws if d.op == "aten.rand")
+    assert rand.where.endswith(f"test_rng.py:{_line(Masked.forward, 'the masking draw')}") and rand.count == 1
+    q = torch.randn(1, 2, 5, 8)
+    assert random_draws(lambda: F.scaled_dot_product_attention(q, q, q)) == []  # dropout_p=0: tagged, draws nothing
+    assert random_draws(lambda: F.dropout(q, 0.5, training=False)) == []
+    assert [d.op for d in random_draws(lambda: F.dropout(q, 0.5, training=True))] == ["aten.bernoulli_"]
+    assert random_draws(lambda: linear(q)) == []
+    before = torch.get_rng_state()
+    with seeded(torch.device("cpu")):
+        a = torch.rand(4)
+    with seeded(torch.device("cpu")):
+        assert torch.equal(torch.rand(4), a)
+    assert torch.equal(torch.get_rng_state(), before)  # the user's generator is put back
+
+
+@pytest.fixture(scope="module")
+def masked_report():
+    torch.manual_seed(0)
+    return doc.doctor(Masked(), (torch.randn(4, 12, 16),), modes=["eager", "default"], reps=3, profile=False)
+
+
+def test_a_model_drawing_random_numbers_is_checked_seeded_and_its_compiled_rows_drawing_as_eager(masked_report):
+    r = masked_report
+    rows = {c.name: c for c in r.configs}
+    eager, compiled = rows["eager fp32"], rows["compile default fp32"]
+    # unseeded, eager differs from itself by O(1) here; seeded it reproduces its reference exactly
+    assert eager.ok and eager.rel_err == 0.0 and eager.rng == "seeded"
+    # Inductor draws its own numbers: the compiled row is checked again with fallback_random, and agrees
+    assert compiled.ok and compiled.rel_err < 1e-5 and compiled.rng == "seeded, fallback_random"
+    assert r.recommendation is not None
+    note = next(n for n in r.notes if n.startswith("the model draws random numbers"))
+    assert f"aten.rand at tests/diagnose/test_rng.py:{_line(Masked.forward, 'the masking draw')}" in note
+    text = format_summary(r, width=250)
+    assert "(seeded)" in text and "(fallback_random)" in text and "over tolerance" not in text
+    back = Report.from_json(r.to_json())
+    assert [c.rng for c in back.configs] == [c.rng for c in r.configs]
+
+
+def test_a_model_keeping_state_is_said_to_drift_and_a_plain_model_gets_no_such_note():
+    torch.manual_seed(0)
+    r = doc.doctor(Counter(), (torch.randn(2, 8),), modes=["eager"], reps=3, profile=False)
+    note = next(n for n in r.notes if "gave another output for the same inputs" in n)
+    assert "draws no random numbers" in note and "keeps state across calls" in note
+    assert all(c.rng == "" for c in r.configs)
+    plain = doc.doctor(nn.Linear(8, 8), (torch.randn(2, 8),), modes=["eager"], reps=3, profile=False)
+    assert not [n for n in plain.notes if "random" in n or "another output" in n]
+    assert all(c.rng == "" and c.check == "0.0e+00" for c in plain.configs)
