@@ -90,6 +90,23 @@ def test_a_model_drawing_random_numbers_is_checked_seeded_and_its_compiled_rows_
     assert [c.rng for c in back.configs] == [c.rng for c in r.configs]
 
 
+def _denoise(obs):
+    """A diffusion policy's sampling loop, as a function (the doctor compiles it with torch.compile)."""
+    x = torch.randn(obs.shape[0], 8)
+    for i in range(3):
+        x = x - 0.1 * torch.tanh(x + obs * i) + 0.01 * torch.randn_like(x)
+    return x
+
+
+def test_a_function_drawing_random_numbers_is_checked_the_same_way():
+    r = doc.doctor(_denoise, (torch.randn(4, 8),), modes=["eager", "default"], reps=3, profile=False)
+    rows = {c.name: c for c in r.configs}
+    assert rows["eager fp32"].rng == "seeded" and rows["eager fp32"].rel_err == 0.0
+    compiled = rows["compile default fp32"]
+    assert compiled.error is None and compiled.rng == "seeded, fallback_random" and compiled.ok, compiled
+    assert not [n for n in r.notes if "check failed" in n]
+
+
 def test_a_model_keeping_state_is_said_to_drift_and_a_plain_model_gets_no_such_note():
     torch.manual_seed(0)
     r = doc.doctor(Counter(), (torch.randn(2, 8),), modes=["eager"], reps=3, profile=False)

@@ -187,7 +187,13 @@ def build(model: Callable, mode: str, dtype: torch.dtype, rewrites_off: bool = F
     A plain function cannot be cast: it runs on inputs cast to `dtype` with whatever weights it closes over, and
     is compiled with torch.compile (fullgraph.compile takes modules)."""
     if not isinstance(model, nn.Module):
-        return model if mode == "eager" else torch.compile(model, mode=mode, options=options)
+        if mode == "eager":
+            return model
+        if options:  # torch.compile takes a mode or options, not both: the mode's own options, then these
+            from torch._inductor import list_mode_options
+
+            return torch.compile(model, options={**list_mode_options(mode), **options})
+        return torch.compile(model, mode=mode)
     m = copy.deepcopy(model).to(dtype).eval()
     if mode == "eager":
         return m

@@ -208,6 +208,7 @@ def doctor(
         configs = cfg.measure_all(cands, device, reps, deadline)
         notes += cfg.budget_timing_note(cands, reps, budget)
         timing["rounds"] = max((c.rounds for c in configs), default=0) or cfg.ROUNDS  # fewer where the budget cut
+        notes += [f"{c.name}: checked {c.rng}" for c in configs if c.rng.startswith("seeded (")]  # its check failed
         noisy = [c.name for c in configs if c.noisy]
         if noisy:
             notes.append(

@@ -144,7 +144,8 @@ class ConfigResult:
             return f"{self.matched:.1%} matched"
         if self.rel_err is None:
             return ""
-        return f"{self.rel_err:.1e}" + (f" ({self.rng.split(', ')[-1].split(' ')[0]})" if self.rng else "")
+        mark = "fallback_random" if self.rng == "seeded, fallback_random" else "seeded"
+        return f"{self.rel_err:.1e}" + (f" ({mark})" if self.rng else "")
 
 
 @dataclass(frozen=True)
