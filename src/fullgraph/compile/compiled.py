@@ -183,19 +183,23 @@ class CompiledModel(nn.Module):
         """Takes the process hold this call needs: alone in the process when the call sets a setting torch keeps
         process-wide (see the module docstring), shared otherwise. Returns whether Dynamo's config already holds this
         model's values, read once (~2 us on the 2-core CPU) under the hold, where no other call can change it: a
-        shared hold whose config does not hold becomes an exclusive one."""
+        shared hold whose config does not hold becomes an exclusive one. Holds nothing when it raises."""
         if self._eager:
             hold_process(False)
             return True
         alone = self._trace is not None or self._parts_config or (self._strict and self._warmed and not warming)
-        hold_process(alone)
         dynamo = self._resolved.dynamo
-        if not dynamo or DynamoConfig.holds(dynamo):
-            return True
-        if not alone:
-            release_process()
-            hold_process(True)
-        return DynamoConfig.holds(dynamo)
+        for exclusive in (alone, True):
+            hold_process(exclusive)
+            try:
+                held = not dynamo or DynamoConfig.holds(dynamo)
+            except BaseException:
+                release_process()
+                raise
+            if held or exclusive:
+                return held
+            release_process()  # shared, and this call must set Dynamo's config: again, alone
+        raise AssertionError("unreachable: the second hold is exclusive")
 
     def _locked_call(self, args: tuple, kwargs: dict, warming: bool, held: bool) -> Any:
         args, kwargs = self._inputs(args, kwargs)
