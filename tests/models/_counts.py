@@ -1,4 +1,10 @@
-"""What the model tests share: the op-policy counts a call adds."""
+"""What the model tests share: the op-policy counts a call adds, and what Inductor's code for a model launches and
+stores."""
+
+import re
+
+import torch
+from torch._inductor.utils import run_and_get_code
 
 from fullgraph import ops
 
@@ -8,3 +14,26 @@ def policy_counts(run):
     before = dict(ops.counters)
     out = run()
     return out, {k: v - before.get(k, 0) for k, v in ops.counters.items() if v != before.get(k, 0)}
+
+
+def inductor_buffers(model, *inputs) -> tuple[int, list[tuple[str, str]]]:
+    """(the number of fused kernels, the sorted (shape, dtype) of every buffer) in the code Inductor writes for
+    `model` on the CPU: what a compiled call launches and stores."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, (code,) = run_and_get_code(torch.compile(model, fullgraph=True), *inputs)
+    kernels = re.findall(r"^(cpp_fused_\w+) = ", code, re.M)
+    buffers = re.findall(r"empty_strided_cpu\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)", code)
+    return len(kernels), sorted(buffers)
+
+
+def buffer_bytes(buffers: list[tuple[str, str]]) -> int:
+    """The bytes `inductor_buffers`' buffers hold together."""
+    size = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
+    total = 0
+    for shape, dtype in buffers:
+        n = 1
+        for d in (x for x in shape.replace(" ", "").split(",") if x):
+            n *= int(d)
+        total += n * size.get(dtype, 4)
+    return total

@@ -9,7 +9,7 @@ from fullgraph.errors import UsageError
 from fullgraph.models import DiT, PlainDiT, dit
 from fullgraph.models.dit import config, rope_tables_for, rotate_half_rope, video_split
 from fullgraph.ops import direct, measured, modulation
-from tests.models._counts import policy_counts
+from tests.models._counts import inductor_buffers, policy_counts
 from tests.skips import requires_cuda
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2}
@@ -367,21 +367,6 @@ def test_modulation_parameters_reach_the_fused_kernel_in_the_input_dtype(triton_
         expected = twin(model.cpu(), dtype=torch.float64)(x.cpu().double(), c.cpu().double())
     for y in (out, eager):  # bf16 rounding apart, the traced and the eager forms compute the same numbers
         assert ((y.cpu().double() - expected).norm() / expected.norm()).item() < 1e-2
-
-
-def inductor_buffers(model, *inputs) -> tuple[int, list[tuple[str, str]]]:
-    """(the number of fused kernels, the sorted (shape, dtype) of every buffer) in the code Inductor writes for
-    `model` on the CPU: what a compiled call launches and stores."""
-    import re
-
-    from torch._inductor.utils import run_and_get_code
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        _, (code,) = run_and_get_code(torch.compile(model, fullgraph=True), *inputs)
-    kernels = re.findall(r"^(cpp_fused_\w+) = ", code, re.M)
-    buffers = re.findall(r"empty_strided_cpu\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)", code)
-    return len(kernels), sorted(buffers)
 
 
 @pytest.mark.slow

@@ -8,12 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fullgraph.models.vit as vit_module
 from fullgraph import ops
 from fullgraph.errors import UsageError
 from fullgraph.models import AutoDrivingViT, PlainViT, ViT, load_timm_state_dict, vit_b16, vit_l16, vit_small, vit_tiny
 from fullgraph.models.vit import config
 from fullgraph.ops import direct
-from tests.models._counts import policy_counts
+from tests.models._counts import buffer_bytes, inductor_buffers, policy_counts
 from tests.skips import requires_cuda
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2, "patch": 8, "num_classes": 7}
@@ -398,3 +399,40 @@ def test_a_customized_last_block_computes_every_token_and_keeps_the_first():
         expected = full_logits(model, img)
     assert counts[("attention", "eager", "sdpa-math")] == 1
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+PATCH_BUFFERS = {
+    "ours": [("2, 4, 4, 3, 8, 8", "bfloat16"), ("32, 64", "bfloat16")],  # the patch gather and its GEMM's output
+    "plain": [("2, 3, 32, 32", "bfloat16"), ("64, 3, 8, 8", "bfloat16")],  # the convolution's input and weight layouts
+}
+
+
+@pytest.mark.slow
+def test_all_native_compiles_to_the_plain_twins_kernels_and_stores_less(monkeypatch):
+    """Issue 32, item 3, for the ViT (the DiT's test is in test_dit.py): with every op native, ours launches the
+    plain twin's kernels and stores no more in any dtype, the patch embedding apart (a gather and a GEMM where plain
+    runs a convolution: measured faster on the GPU); its last block computing the class token alone stores less."""
+    model = ViT(config("vit_tiny", **SMALL, img_size=32)).eval().to(torch.bfloat16)
+    plain = PlainViT(model.cfg).eval().to(torch.bfloat16)
+    plain.load_state_dict(model.state_dict())
+    img = torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)
+    n_plain, plain_buffers = inductor_buffers(plain, img)
+    with ops.policy(all="native"):
+        n_ours, ours_buffers = inductor_buffers(model, img)
+        monkeypatch.setattr(vit_module, "must_call_as_usual", lambda block: True)  # every token through the last block
+        n_all, all_buffers = inductor_buffers(model, img)
+
+    def rest(buffers, patch, dtype):
+        left = list(buffers)
+        for b in patch:
+            left.remove(b)  # fails if the patch embedding's buffers are not there
+        return buffer_bytes([b for b in left if b[1] == dtype])
+
+    assert n_all == n_plain
+    for dtype in ("float32", "bfloat16"):  # no extra copy in either (the DiT's RoPE once stored float32 halves)
+        cls_token = buffer_bytes([("2, 1, 64", dtype)])  # ours slices the class token before the final norm
+        assert rest(all_buffers, PATCH_BUFFERS["ours"], dtype) <= rest(plain_buffers, PATCH_BUFFERS["plain"], dtype) + (
+            cls_token
+        )
+    assert buffer_bytes(ours_buffers) < buffer_bytes(all_buffers)  # the class token alone through the last block
+    assert n_ours <= n_plain + 1  # on the CPU its few rows take one pass of their own (their GELU)
