@@ -236,7 +236,7 @@ def test_a_prepared_row_runs_as_inference_whoever_calls_it():
     model = torch.nn.Linear(8, 8)
     x = torch.randn(4, 8)
     c = cfg.Candidate("default", torch.float32)
-    cfg.prepare(c, model, cfg.Example.of(x), model(x).detach(), torch.device("cpu"))
+    cfg.prepare(c, model, cfg.Example.of(x), cfg.Reference(model(x).detach()), torch.device("cpu"))
     assert c.error is None and c.err < 1e-5
     frames = counters["frames"]["ok"]
     assert torch.is_grad_enabled()

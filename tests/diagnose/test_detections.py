@@ -96,7 +96,7 @@ def test_a_doctor_row_with_detection_outputs_is_judged_by_matched_detections(ref
     moved_boxes = [{**d, "boxes": d["boxes"] + 50} for d in ref]
     for dets in (reordered, moved_boxes):
         c = cfg.Candidate("eager", torch.float32)
-        cfg.prepare(c, _Detector(dets), example, ref, torch.device("cpu"))
+        cfg.prepare(c, _Detector(dets), example, cfg.Reference(ref), torch.device("cpu"))
         c.samples, c.round_medians = [1.0, 1.1], [1.0, 1.1]
         rows.append(c.result(noisy=False))
     ok, moved = rows

@@ -116,3 +116,36 @@ def test_a_model_keeping_state_is_said_to_drift_and_a_plain_model_gets_no_such_n
     plain = doc.doctor(nn.Linear(8, 8), (torch.randn(2, 8),), modes=["eager"], reps=3, profile=False)
     assert not [n for n in plain.notes if "random" in n or "another output" in n]
     assert all(c.rng == "" and c.check == "0.0e+00" for c in plain.configs)
+
+
+class Writes(nn.Module):
+    """Normalises its input in place and consumes a mask, as some preprocessing does: every call changes both."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        x.mul_(1.5)
+        out = self.fc(x) * mask.sum()
+        mask.zero_()
+        return out
+
+
+def test_a_forward_writing_into_its_inputs_leaves_the_users_alone_and_is_checked_on_fresh_copies():
+    x, mask = torch.randn(2, 8), torch.ones(2, 8)
+    given = (x.clone(), mask.clone())
+    r = doc.doctor(Writes(), (x,), {"mask": mask}, modes=["eager", "default"], reps=3, profile=False)
+    assert torch.equal(x, given[0]) and torch.equal(mask, given[1])  # the doctor wrote into copies only
+    # checked on fresh copies: every row agrees with the reference (on one reused copy, eager read rel err 2.4)
+    assert [c.name for c in r.configs if not c.ok] == [] and r.recommendation is not None
+    note = next(n for n in r.notes if n.startswith("forward writes into its inputs"))
+    assert "args[0], mask in place" in note
+    assert not [n for n in r.notes if "another output" in n]  # fresh inputs: the reference repeats itself
+
+
+def test_a_float64_model_gets_rows_and_code_in_float64():
+    model = nn.Linear(8, 8).double()
+    r = doc.doctor(model, (torch.randn(2, 8, dtype=torch.float64),), modes=["eager"], reps=3, profile=False)
+    assert [c.name for c in r.configs] == ["eager fp64"] and r.configs[0].ok
+    assert r.recommendation is not None and "torch.float64" in r.recommendation.code

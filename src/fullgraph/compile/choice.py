@@ -16,7 +16,7 @@ from fullgraph.compile.presets import MODES, PRESETS
 from fullgraph.compile.tuned import as_tune_result
 from fullgraph.errors import UsageError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 REWRITES_OFF = "rewrites=off"  # a row's last word when it ran with rewrites=[] (the doctor's twin of a rewrite row)
 
 

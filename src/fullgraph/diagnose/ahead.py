@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from fullgraph import env
+from fullgraph.compile.choice import DTYPES
 from fullgraph.diagnose import configs as cfg
 from fullgraph.diagnose.inputs import Example
 from fullgraph.timing import first_call
@@ -173,7 +174,7 @@ def _child_env() -> dict[str, str]:
 def main(argv: Sequence[str]) -> int:
     """The child: compile one row as the search does and call it once; print one JSON line."""
     file, mode, dtype_name, ops = argv
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    dtype = DTYPES[dtype_name]
     c = cfg.Candidate(mode, dtype, tuple(sorted(json.loads(ops).items())))
     try:
         import fullgraph.ops  # noqa: F401 - registers the custom ops the model may call

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from fullgraph import env
-from fullgraph.compile.choice import REWRITES_OFF
+from fullgraph.compile.choice import DTYPES, REWRITES_OFF
 from fullgraph.compile.compiled import CompiledModel
 from fullgraph.compile.compiled import compile as fullgraph_compile
 from fullgraph.compile.presets import PRESETS
@@ -79,7 +79,9 @@ COST = {"eager": 0.0, "default": 1.0, "reduce-overhead": 1.3, "max-autotune-no-c
 
 
 def short_dtype(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}.get(
+        dtype, str(dtype)
+    )
 
 
 def config_name(mode: str, dtype: torch.dtype) -> str:
@@ -203,25 +205,32 @@ def build(model: Callable, mode: str, dtype: torch.dtype, rewrites_off: bool = F
     return fullgraph_compile(m, mode, **off) if mode in PRESETS else fullgraph_compile(m, mode=mode, **off)
 
 
-def prepare(c: Candidate, model: Callable, example: Example, ref: Any, device: torch.device,
-            random: bool = False) -> None:  # fmt: skip
-    """Compile (the first call, timed), check numerics and peak memory; failures are recorded, not raised.
-    `random`: the model draws random numbers in forward (diagnose.rng): the check call is seeded as the
-    reference's was, and a compiled row that still differs is checked through a compile that draws as eager does."""
+def prepare(c: Candidate, model: Callable, example: Example, reference: Reference, device: torch.device) -> None:
+    """Compile (the first call, timed), check numerics against `reference` and peak memory; failures are recorded,
+    not raised. A model that draws random numbers in forward (diagnose.rng): the check call is seeded as the
+    reference's were, and a compiled row that still differs is checked through a compile that draws as eager does.
+    A model that writes into its inputs: the row calls a copy of its own, and the check call a fresh one."""
+    ref, random = reference.out, reference.random
+
+    def inputs() -> Example:  # the inputs of one call that must see them as given
+        x = example.cast(c.dtype)
+        return x.fresh() if reference.written else x
+
     try:
         fn = build(model, c.mode, c.dtype, c.rewrites_off)
-        x = example.cast(c.dtype)
+        x = inputs()
         with torch.no_grad(), c.policies():
             c.compile_s, _ = first_call(lambda: x.call(fn), device)
             c.rewrites = fn.stats.rewrite_counts() if isinstance(fn, CompiledModel) else {}
+            check = inputs()
             with maybe_seeded(device, random):
-                c.call_s, out = first_call(lambda: x.call(fn), device)
+                c.call_s, out = first_call(lambda: check.call(fn), device)
             c.err = rel_err(out, ref)
             if random:
                 c.rng = "seeded"
                 if c.mode != "eager" and not c.err <= TOLERANCE.get(c.dtype, 1e-3):
                     try:
-                        c.err, out = _drawn_as_eager(c, model, x, ref, device), None
+                        c.err, out = _drawn_as_eager(c, model, inputs(), ref, device), None
                         c.rng = "seeded, fallback_random"
                     except Exception as e:  # the check's own compile failed: the seeded comparison stands
                         c.rng = f"seeded (the fallback_random check failed: {env.first_line(e, 120)})"
@@ -248,23 +257,32 @@ class Reference:
     """Eager float32's output, which every row is checked against, and what the doctor learnt getting it."""
 
     out: Any
-    random: bool  # the model draws random numbers in forward: check calls are seeded (diagnose.rng)
-    note: str  # what a reader must know about the comparison ("" when the model is a function of its inputs)
+    random: bool = False  # the model draws random numbers in forward: check calls are seeded (diagnose.rng)
+    written: tuple[str, ...] = ()  # the inputs its forward writes into in place: each check call gets fresh ones
+    notes: tuple[str, ...] = ()  # what a reader must know about the comparison
 
 
 def reference(ref_model: Callable, example: Example, device: torch.device) -> Reference:
-    """Eager float32's output for `example`, called twice: the random numbers one call draws are read (diagnose.rng),
-    and a model that draws them is called seeded; a second call that still differs from the first is said."""
+    """Eager float32's output for `example`, called twice on inputs of its own: the random numbers one call draws
+    and the inputs it writes into are read first (diagnose.rng, Example.written); a model that draws is called
+    seeded, one that writes gets fresh inputs each call; a second call that still differs from the first is said."""
     x = example.cast(torch.float32)
-    draws = random_draws(lambda: x.call(ref_model))
+    draws: list = []
+    written = tuple(x.written(lambda copy: draws.extend(random_draws(lambda: copy.call(ref_model)))))
     random = bool(draws)
     outs = []
     for _ in range(2):
         with torch.no_grad(), maybe_seeded(device, random):
-            outs.append(x.call(ref_model))
+            outs.append((x.fresh() if written else x).call(ref_model))
     drift = rel_err(outs[1], outs[0])
     tol = TOLERANCE[torch.float32]
-    note = ""
+    notes = []
+    if written:
+        notes.append(
+            f"forward writes into its input{'s' * (len(written) > 1)} {', '.join(written)} in place: the doctor "
+            "works on copies (yours are unchanged), every check call gets fresh ones, and each row times its calls "
+            "on a copy of its own, which its writes keep changing, as a loop over one tensor would"
+        )
     if random:
         note = (
             f"the model draws random numbers in forward ({describe(draws)}): each row's output is checked with "
@@ -275,13 +293,14 @@ def reference(ref_model: Callable, example: Example, device: torch.device) -> Re
         )
         if not drift <= tol:
             note += f"; seeded, eager float32 still gave another output on its second call (rel err {drift:.1e})"
+        notes.append(note)
     elif not drift <= tol:
-        note = (
+        notes.append(
             f"eager float32 gave another output for the same inputs on its second call (rel err {drift:.1e}) and "
             "draws no random numbers: the model keeps state across calls or runs nondeterministic kernels, so rows "
             "differ from the reference by that much at least"
         )
-    return Reference(outs[0], random, note)
+    return Reference(outs[0], random, written, tuple(notes))
 
 
 def _drawn_as_eager(c: Candidate, model: Callable, x: Example, ref: Any, device: torch.device) -> float:
@@ -447,7 +466,7 @@ def _code(pick: ConfigResult, breaks: str, module: bool = True, compiled: Sequen
     the inputs, runs under no_grad and keeps the doctor's mode), torch.compile for a function. For an eager pick,
     the comment names the `compiled` rows (those that ran within tolerance) it rests on, and claims nothing about
     compiling when none ran."""
-    dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[pick.dtype]
+    dtype = str(DTYPES.get(pick.dtype, pick.dtype))  # "torch.bfloat16"
     if pick.mode != "eager" and module:
         cast = "" if pick.dtype == "fp32" else f", dtype={dtype}"
         how = f'"{pick.mode}"' if pick.mode in PRESETS else f'mode="{pick.mode}"'

@@ -85,7 +85,7 @@ def _capture_with(model: Any, example: Example, dtypes: Sequence[torch.dtype], n
     for dtype in dtypes:
         try:
             with fixes.applied(names):
-                rec, _ = dynamo.capture_breaks(_in_dtype(model, dtype), example.cast(dtype))
+                rec, _ = dynamo.capture_breaks(_in_dtype(model, dtype), example.cast(dtype).fresh())
             out.append(FixCapture(cfg.short_dtype(dtype), len(rec.graphs), dynamo.group_breaks(rec.breaks)))
         except Exception as e:  # as without the fixes: a model Dynamo cannot run is a finding
             out.append(FixCapture(cfg.short_dtype(dtype), error=env.first_line(e, 300)))
@@ -119,7 +119,8 @@ def doctor(
     start = time.monotonic()
     deadline = start + budget if budget else None
     say = progress or (lambda msg: None)
-    example = Example.of(args, kwargs)
+    example = Example.of(args, kwargs).fresh()  # the doctor's own copy: a forward writing into its inputs (see
+    # configs.reference) never writes into the user's, and every call that may write gets a fresh copy of this one
     device = example.device
     gpu = device.type == "cuda"
     model = unwrap_compiled(model)
@@ -161,10 +162,10 @@ def doctor(
         # Breaks and recompiles are read in the inputs' dtype: a float32 model given bf16 inputs runs as bf16.
         traced = _in_dtype(model, example.floating_dtype())
         try:
-            rec, compiled = dynamo.capture_breaks(traced, example)
+            rec, compiled = dynamo.capture_breaks(traced, example.fresh())
             recompiles = dynamo.first_call_recompiles(rec)
             say("recompiles: calling again" + (f", varying {', '.join(vary)}" if vary else ""))
-            recompiles += dynamo.capture_recompiles(compiled, _variants(example, vary, notes))
+            recompiles += dynamo.capture_recompiles(compiled, _variants(example.fresh(), vary, notes))
         except Exception as e:  # Dynamo cannot trace it at all: that is the finding; eager is still measured
             failed.append(f"Dynamo failed on this model: {env.first_line(e, 300)}")
             rec, recompiles = dynamo.Recorder(), []
@@ -172,8 +173,7 @@ def doctor(
         capture_s = time.monotonic() - capture_s
 
         reference = cfg.reference(cfg.build(model, "eager", torch.float32), example, device)
-        ref = reference.out
-        notes += [reference.note] if reference.note else []
+        notes += reference.notes
         # Breaks and recompiles above ran under torch's own recompile limit, as explain and a user's torch.compile
         # do (past it a function runs eagerly and its callees compile on their own, which changes the count). Every
         # configuration below compiles the same code objects again: raise the limit for those, so none silently
@@ -194,7 +194,7 @@ def doctor(
         def prepare(c: cfg.Candidate) -> None:
             say(f"{c.name}: {'first call' if c.mode == 'eager' else 'compiling'}")
             with dynamo.cudagraph_skips() as skips:
-                cfg.prepare(c, model, example, ref, device, reference.random)
+                cfg.prepare(c, model, example, reference, device)
             cudagraph_skips.extend(f"{c.name}: {s}" for s in skips)
 
         cudagraph_skips: list[str] = []

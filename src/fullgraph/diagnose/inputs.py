@@ -7,12 +7,13 @@ exercise 2.5 a tensor and a float. The doctor calls, casts, varies and describes
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map
 
 from fullgraph.errors import UsageError
 
@@ -87,6 +88,25 @@ class Example:
     def to(self, device: torch.device) -> Example:
         return self.map_tensors(lambda t: t.to(device))
 
+    def fresh(self) -> Example:
+        """A copy whose tensors are new: calls on it cannot write into these (a forward that updates its inputs in
+        place)."""
+        return self.map_tensors(lambda t: t.detach().clone().requires_grad_(t.requires_grad))
+
+    def written(self, call: Callable[[Example], Any]) -> list[str]:
+        """The inputs `call` writes into in place, by name ("args[0]", "kwargs['mask']"), read on a fresh copy whose
+        values are compared before and after (NaN equal to NaN); [] when it writes none."""
+        copy = self.fresh()
+        before = copy.fresh()
+        call(copy)
+        named = tree_flatten_with_path((before.args, before.kwargs))[0]
+        after = tree_flatten((copy.args, copy.kwargs))[0]
+        names = []
+        for (path, b), a in zip(named, after, strict=True):
+            if isinstance(b, torch.Tensor) and not _same(b, a):
+                names.append(_input_name(keystr(path)))
+        return names
+
     def cast(self, dtype: torch.dtype) -> Example:
         """Every floating tensor in `dtype`; integer and bool tensors (ids, masks) and Python values unchanged."""
         return self.map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t)
@@ -145,3 +165,21 @@ def flat_tensors(value: Any) -> list[torch.Tensor]:
     if not out and hasattr(value, "to_tuple"):  # transformers' ModelOutput, where pytree does not know it
         return flat_tensors(value.to_tuple())
     return out
+
+
+def _same(b: torch.Tensor, a: torch.Tensor) -> bool:
+    """Equal shapes and values, NaN equal to NaN."""
+    if b.shape != a.shape or b.dtype != a.dtype:
+        return False
+    if b.is_floating_point() or b.is_complex():
+        return bool(torch.allclose(b, a, rtol=0.0, atol=0.0, equal_nan=True))
+    return torch.equal(b, a)
+
+
+def _input_name(path: str) -> str:
+    """keystr's path into (args, kwargs) as a reader writes it: "[0][1]" -> "args[1]", "[1]['mask']" -> "mask"."""
+    head, _, rest = path[1:].partition("]")
+    if head == "0":
+        return "args" + rest
+    key = re.match(r"\[(['\"])(.*?)\1\](.*)", rest)
+    return key.group(2) + key.group(3) if key else "kwargs" + rest

@@ -149,7 +149,7 @@ def tune(
     processes from the start (`fullgraph.diagnose.ahead`), so the search takes about its slowest row, not their sum."""
     start = time.monotonic()
     say = progress or (lambda msg: None)
-    example = Example.of(args, kwargs)
+    example = Example.of(args, kwargs).fresh()  # its own copy, as the doctor's (a forward may write into its inputs)
     device = example.device
     gpu = device.type == "cuda"
     model = unwrap_compiled(model)
@@ -183,9 +183,8 @@ def tune(
             reference = cfg.reference(ref_model, example, device)
         except Exception as e:  # the user's bug to fix first, in one line
             raise FullgraphError(f"the model fails in eager mode: {env.first_line(e, 300)}") from e
-        ref = reference.out
-        notes += [reference.note] if reference.note else []
-        used = ops_in(ref_model, x32)
+        notes += reference.notes
+        used = ops_in(ref_model, x32.fresh())
         variants = [dict(v) for v in ops] if ops is not None else policy_variants(used, device)
         if used:
             notes.append(f"the model calls fullgraph ops: {', '.join(used)}")
@@ -211,7 +210,7 @@ def tune(
             if not report["ok"]:
                 c.error = report["error"]
             else:
-                cfg.prepare(c, model, example, ref, device, reference.random)
+                cfg.prepare(c, model, example, reference, device)
                 if c.error is None:
                     warm.append(f"{c.name} {c.compile_s:.1f} s")
                     c.compile_s = report["compile_s"]  # what compiling it costs, shown as such
@@ -231,7 +230,7 @@ def tune(
                 eta = clock.estimate(c)
                 what = "first call" if c.mode == "eager" else f"compiling (about {eta:.0f} s)" if eta else "compiling"
                 say(f"{stage} [{len(rows) + 1}] {c.name}: {what}; {clock.deadline - time.monotonic():.0f} s left")
-                cfg.prepare(c, model, example, ref, device, reference.random)
+                cfg.prepare(c, model, example, reference, device)
                 clock.observe(c)
                 rows.append(c)
 
