@@ -61,7 +61,8 @@ def test_describe_names_structure():
 
 def test_flat_tensors_of_structured_outputs():
     a, b = torch.randn(2), torch.randn(3)
-    assert [t.shape for t in flat_tensors({"boxes": a, "rest": [b, 3]})] == [a.shape, b.shape]
+    flat = flat_tensors({"boxes": a, "rest": [b, 3, None, "label"]})  # a number is part of the output, as 0-d
+    assert [t.shape for t in flat] == [a.shape, b.shape, ()] and flat[2].item() == 3
 
     class ModelOutputLike(dict):  # not a pytree node, but has to_tuple like transformers' ModelOutput
         def to_tuple(self):

@@ -1,5 +1,6 @@
-"""Models whose output is not a function of their inputs alone (diagnose.rng): random numbers drawn in forward, state
-kept across calls. The doctor must not call their numerics broken, nor call a stateful model's drift agreement."""
+"""Models the doctor must judge by what they compute, not by a flat comparison that cannot apply: random numbers drawn
+in forward (diagnose.rng), state kept across calls, inputs written in place, outputs that are a Python number or
+nothing at all. It must not call their numerics broken, nor call a stateful model's drift agreement."""
 
 import inspect
 
@@ -149,3 +150,44 @@ def test_a_float64_model_gets_rows_and_code_in_float64():
     r = doc.doctor(model, (torch.randn(2, 8, dtype=torch.float64),), modes=["eager"], reps=3, profile=False)
     assert [c.name for c in r.configs] == ["eager fp64"] and r.configs[0].ok
     assert r.recommendation is not None and "torch.float64" in r.recommendation.code
+
+
+class ToBuffer(nn.Module):
+    """Returns nothing: writes its result into a buffer, as a model feeding a preallocated output does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("out", torch.zeros(2, 8))
+
+    def forward(self, x):
+        self.out.copy_(self.fc(x).tanh())
+
+
+class ToFloat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return float(self.fc(x).square().sum())
+
+
+def _nothing(x):
+    torch.tanh(x)
+
+
+def test_outputs_without_tensors_are_judged_by_what_they_hold_or_said_to_hold_nothing():
+    x = torch.randn(2, 8)
+    number = doc.doctor(ToFloat(), (x,), modes=["eager", "default"], reps=3, profile=False)
+    assert all(c.ok and c.rel_err < 1e-5 for c in number.configs) and number.recommendation is not None
+    assert not [n for n in number.notes if "another output" in n]  # once read as rel err inf and state
+    buffer = doc.doctor(ToBuffer(), (x,), modes=["eager", "default"], reps=3, profile=False)
+    assert all(c.ok and c.rel_err < 1e-5 for c in buffer.configs) and buffer.recommendation is not None
+    assert any("judged by the model's 1 buffer(s)" in n for n in buffer.notes)
+    none = doc.doctor(_nothing, (x,), modes=["eager", "default"], reps=3, profile=False)
+    assert none.nothing_checked and none.recommendation is None
+    assert all(c.rel_err is None and c.error is None for c in none.configs)
+    assert "recommendation: none (the model returns nothing to check)" in format_summary(none, width=200)
+    numerics = next(i for i in none.checklist if i.item == "Numerics checked against eager float32")
+    assert numerics.status == "not-measured" and "nothing to compare" in numerics.evidence

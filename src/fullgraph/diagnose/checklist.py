@@ -82,14 +82,18 @@ def build_checklist(report: Report, vary: Sequence[str], gpu: bool) -> list[Chec
             else (
                 f"timed {', '.join(timed)}; {rec.config}: {rec.reason}" + (f", {rec.versus}" if rec.versus else "")
                 if rec
+                else "the model returns nothing to check, so no configuration is recommended"
+                if report.nothing_checked
                 else "no configuration ran within tolerance"
             ),
         ),
         _compile_time_item(report, best, base),
         _item(
             "Numerics checked against eager float32",
-            "pass" if ok else "fail",
-            f"{len(ok)} of {len(report.configs)} configuration(s) within tolerance"
+            "not-measured" if report.nothing_checked else "pass" if ok else "fail",
+            "the model returns no tensor and holds no buffers: nothing to compare"
+            if report.nothing_checked
+            else f"{len(ok)} of {len(report.configs)} configuration(s) within tolerance"
             + (f": {', '.join(c.name for c in ok)}" if ok else ""),
         ),
         _item(

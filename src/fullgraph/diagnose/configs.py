@@ -225,8 +225,9 @@ def prepare(c: Candidate, model: Callable, example: Example, reference: Referenc
             check = inputs()
             with maybe_seeded(device, random):
                 c.call_s, out = first_call(lambda: check.call(fn), device)
-            c.err = rel_err(out, ref)
-            if random:
+            out = reference.result(fn, out)
+            c.err = rel_err(out, ref) if reference.compare else None
+            if random and reference.compare:
                 c.rng = "seeded"
                 if c.mode != "eager" and not c.err <= TOLERANCE.get(c.dtype, 1e-3):
                     try:
@@ -235,6 +236,7 @@ def prepare(c: Candidate, model: Callable, example: Example, reference: Referenc
                     except Exception as e:  # the check's own compile failed: the seeded comparison stands
                         c.rng = f"seeded (the fallback_random check failed: {env.first_line(e, 120)})"
             # A list of detections is judged by matched detections: a reorder of near-tied scores is not an error.
+            out = out if reference.compare else None
             c.matched = None if out is None else matched_fraction(out, ref, IOU_MIN.get(c.dtype, 0.8),
                                                                     TOLERANCE.get(c.dtype, 1e-3))  # fmt: skip
             if c.matched is None and out is not None and (same := integer_match(out, ref)) is not None:
@@ -260,6 +262,14 @@ class Reference:
     random: bool = False  # the model draws random numbers in forward: check calls are seeded (diagnose.rng)
     written: tuple[str, ...] = ()  # the inputs its forward writes into in place: each check call gets fresh ones
     notes: tuple[str, ...] = ()  # what a reader must know about the comparison
+    compare: str = "output"  # what is compared: "output", "buffers" (a forward returning none), "" (nothing)
+
+    def result(self, fn: Callable, out: Any) -> Any:
+        """What a call of `fn` is judged by: its output, or the model's buffers after the call where the forward
+        returns no tensor and writes its results into them."""
+        if self.compare == "buffers" and isinstance(fn, nn.Module):
+            return [b.detach().clone() for b in fn.buffers()]
+        return out
 
 
 def reference(ref_model: Callable, example: Example, device: torch.device) -> Reference:
@@ -270,13 +280,23 @@ def reference(ref_model: Callable, example: Example, device: torch.device) -> Re
     draws: list = []
     written = tuple(x.written(lambda copy: draws.extend(random_draws(lambda: copy.call(ref_model)))))
     random = bool(draws)
-    outs = []
-    for _ in range(2):
+    outs, notes, compare = [], [], "output"
+    for i in range(2):
         with torch.no_grad(), maybe_seeded(device, random):
-            outs.append((x.fresh() if written else x).call(ref_model))
-    drift = rel_err(outs[1], outs[0])
+            out = (x.fresh() if written else x).call(ref_model)
+        if i == 0 and not flat_tensors(out):  # a forward that returns none: the buffers it writes, if it has any
+            buffers = list(ref_model.buffers()) if isinstance(ref_model, nn.Module) else []
+            compare = "buffers" if buffers else ""
+            notes.append(
+                f"forward returns no tensor ({type(out).__name__}): "
+                + (f"each row is judged by the model's {len(buffers)} buffer(s) after its check call, where such a "
+                   "forward writes its results" if buffers else
+                   "nothing to compare, so rows are timed but their numerics are not checked, and none is "
+                   "recommended")
+            )  # fmt: skip
+        outs.append(Reference(None, compare=compare).result(ref_model, out))
+    drift = rel_err(outs[1], outs[0]) if compare else 0.0
     tol = TOLERANCE[torch.float32]
-    notes = []
     if written:
         notes.append(
             f"forward writes into its input{'s' * (len(written) > 1)} {', '.join(written)} in place: the doctor "
@@ -300,7 +320,7 @@ def reference(ref_model: Callable, example: Example, device: torch.device) -> Re
             "draws no random numbers: the model keeps state across calls or runs nondeterministic kernels, so rows "
             "differ from the reference by that much at least"
         )
-    return Reference(outs[0], random, written, tuple(notes))
+    return Reference(outs[0], random, written, tuple(notes), compare)
 
 
 def _drawn_as_eager(c: Candidate, model: Callable, x: Example, ref: Any, device: torch.device) -> float:
@@ -309,7 +329,7 @@ def _drawn_as_eager(c: Candidate, model: Callable, x: Example, ref: Any, device:
     called seeded. One more compile, for the check only: the row's timing stays its own code's."""
     check = build(model, c.mode, c.dtype, c.rewrites_off, options={"fallback_random": True})
     with maybe_seeded(device, True):
-        return rel_err(x.call(check), ref)
+        return rel_err(x.call(check), ref)  # (a forward drawing numbers returns them: compare == "output")
 
 
 def plain_twins(cands: Sequence[Candidate]) -> list[Candidate]:

@@ -159,9 +159,14 @@ def _tensor_list(value: Any) -> bool:
 
 
 def flat_tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors in any output: a tensor, tuple, dict, dataclass-like ModelOutput (a dict subclass) or list."""
+    """The tensors in any output: a tensor, tuple, dict, dataclass-like ModelOutput (a dict subclass) or list;
+    Python numbers among them as 0-d tensors (a forward returning `float(loss)`), strings and None left out."""
     leaves, _ = tree_flatten(value)
-    out = [v for v in leaves if isinstance(v, torch.Tensor)]
+    out = [
+        v if isinstance(v, torch.Tensor) else torch.tensor(v)
+        for v in leaves
+        if isinstance(v, (torch.Tensor, int, float, complex))
+    ]
     if not out and hasattr(value, "to_tuple"):  # transformers' ModelOutput, where pytree does not know it
         return flat_tensors(value.to_tuple())
     return out

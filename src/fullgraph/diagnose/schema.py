@@ -222,6 +222,12 @@ class ReportData:
     schema_version: int = SCHEMA_VERSION
 
     @property
+    def nothing_checked(self) -> bool:
+        """Rows ran but none had an output to check (a forward returning nothing, with no buffers to read)."""
+        ran = [c for c in self.configs if c.error is None]
+        return bool(ran) and all(c.rel_err is None and c.matched is None for c in ran)
+
+    @property
     def breaks(self) -> list[GraphBreak]:
         """The places where a graph broke and compiling went on; skipped frames are not among them."""
         return [g for g in self.graph_breaks if not g.skipped]

@@ -147,7 +147,8 @@ def _configs(r: Report) -> Iterator[RenderableType]:
 def _recommendation(r: Report) -> Iterator[RenderableType]:
     rec = r.recommendation
     if rec is None:
-        yield _title("recommendation: none (no configuration ran within tolerance)")
+        why = "the model returns nothing to check" if r.nothing_checked else "no configuration ran within tolerance"
+        yield _title(f"recommendation: none ({why})")
         return
     yield Text.assemble(
         ("recommendation: ", "bold"), (rec.config, "bold green"), f", {rec.versus}" if rec.versus else ""
