@@ -237,3 +237,16 @@ def test_no_fix_cites_a_document_users_lack_nor_a_cuda_epilogue_on_the_cpu(demo_
     epilogue = [f for f in flags if f.kind == "epilogue-candidate"]
     assert epilogue, [f.kind for f in flags]  # the demo's GELUs between its Linears, seen on the CPU too
     assert all("tanh" not in f.fix and "_addmm_activation" not in f.fix for f in epilogue)
+
+
+def test_a_model_in_training_mode_is_measured_in_eval_and_given_back_as_it_was():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.BatchNorm1d(8)).train()
+    model[2].eval()  # a mix, as a fine-tuning script leaves it: each module's own mode comes back
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    r = doc.doctor(model, (torch.randn(4, 8),), modes=["eager"], reps=3, profile=False)
+    assert [m.training for m in model.modules()] == [True, True, True, False]
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # no batch-norm statistics moved
+    assert r.configs[0].ok  # measured in eval: dropout off, so the calls agree
+    assert any(n.startswith("the model was in training mode: it was measured in eval mode") for n in r.notes)
+    quiet = doc.doctor(model.eval(), (torch.randn(4, 8),), modes=["eager"], reps=3, profile=False)
+    assert not [n for n in quiet.notes if "training mode" in n] and not model.training

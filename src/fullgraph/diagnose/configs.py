@@ -254,6 +254,19 @@ def prepare(c: Candidate, model: Callable, example: Example, reference: Referenc
             c.error = f"{c.mode} compiles one graph (fullgraph=True), and this model breaks: {c.error}"
 
 
+def in_eval(model: nn.Module, stack: contextlib.ExitStack) -> str:
+    """`model` in eval mode until `stack` closes, each submodule's own mode then put back (the user's model is
+    theirs: the doctor and tune measure inference, as fullgraph.compile runs it). Returns a note when it was
+    training anywhere, "" otherwise."""
+    modes = [(m, m.training) for m in model.modules()]
+    stack.callback(lambda: [m.train(t) for m, t in modes])
+    model.eval()
+    if not any(t for _, t in modes):
+        return ""
+    return ("the model was in training mode: it was measured in eval mode (inference, as fullgraph.compile runs it: "
+            "dropout off, batch norm on its running statistics) and put back in training mode after")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Reference:
     """Eager float32's output, which every row is checked against, and what the doctor learnt getting it."""

@@ -125,8 +125,6 @@ def doctor(
     gpu = device.type == "cuda"
     model = unwrap_compiled(model)
     is_module = isinstance(model, nn.Module)
-    if is_module:
-        model = model.eval()
     modes = tuple(modes or (GPU_MODES if gpu else CPU_MODES))
     cfg.check_modes(modes)
     if not is_module and any(m in cfg.PRESET_ROWS for m in modes):
@@ -147,6 +145,7 @@ def doctor(
 
     # The model's prints are counted, not shown; stderr stays free for a progress callback.
     with contextlib.ExitStack() as stack:
+        notes += [n for n in [cfg.in_eval(model, stack) if is_module else ""] if n]
         stack.enter_context(pinned_threads(threads))
         captured = stack.enter_context(capture_output(stdout=True, stderr=False))
         say("lint: reading the model's own code")

@@ -155,7 +155,6 @@ def tune(
     model = unwrap_compiled(model)
     if not isinstance(model, nn.Module):
         raise UsageError("tune compiles modules (fullgraph.compile); wrap the function in an nn.Module")
-    model = model.eval()
     presets = tuple(default_presets() if presets is None else presets)
     modes = tuple((EXTRA_MODES if gpu else ()) if modes is None else modes)
     cfg.check_modes(presets + modes)
@@ -173,6 +172,7 @@ def tune(
     warm: list[str] = []  # rows compiled ahead: this process's build from the warm caches
 
     with contextlib.ExitStack() as stack:
+        notes += [n for n in [cfg.in_eval(model, stack)] if n]
         stack.enter_context(pinned_threads(threads))
         captured = stack.enter_context(capture_output(stdout=True, stderr=False))
         stack.enter_context(dynamo.room_for_recompiles())  # every row compiles the same code objects again
