@@ -280,5 +280,5 @@ def _row(t) -> dict[str, Any]:
     return {
         "name": t.name, "mode": t.mode, "dtype": t.dtype, "ops": dict(t.ops), "median_ms": t.median_ms,
         "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "compile_s": t.compile_s, "rel_err": t.rel_err,
-        "tolerance": t.tolerance, "ok": t.ok, "noisy": t.noisy, "error": t.error,
+        "tolerance": t.tolerance, "ok": t.ok, "noisy": t.noisy, "error": t.error, "rng": t.rng,
     }  # fmt: skip
