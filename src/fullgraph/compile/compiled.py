@@ -142,6 +142,8 @@ class CompiledModel(nn.Module):
         # Kept out of nn.Module's registry: the compiled wrapper holds the same model, moved and saved through it.
         whole = None if eager or parts is not None else torch.compile(model, **resolved.compile_kwargs())
         self.__dict__["_compiled"] = parts.call if parts is not None and not eager else whole
+        self.__dict__["_run"] = (self._compiled, _direct(self._compiled))  # (what it runs, for whom)
+        self.__dict__["_replays"] = resolved.replays_cuda_graphs  # read on every call
         # Threads (see the module docstring). Regional blocks under CUDA graphs replay one GraphedCall, which copies
         # its outputs itself; any other configuration that replays CUDA graphs does so through torch's trees.
         planned = parts.parts if parts is not None else ()
@@ -171,13 +173,19 @@ class CompiledModel(nn.Module):
             yield self._call(args, kwargs, warming=False, copy=False)
 
     def _call(self, args: tuple, kwargs: dict, *, warming: bool, copy: bool = True) -> Any:
-        with self._guard, torch.no_grad() if torch.is_grad_enabled() else _NOTHING:
-            held = self._hold(warming)
-            try:
-                out = self._locked_call(args, kwargs, warming, held)
-                return copy_out(out) if copy and self._copies and not self._eager else out
-            finally:
-                release_process()
+        with self._guard:
+            if torch.is_grad_enabled():  # (a nullcontext entered instead costs two Python calls on the hot path)
+                with torch.no_grad():
+                    return self._held_call(args, kwargs, warming, copy)
+            return self._held_call(args, kwargs, warming, copy)
+
+    def _held_call(self, args: tuple, kwargs: dict, warming: bool, copy: bool) -> Any:
+        held = self._hold(warming)
+        try:
+            out = self._locked_call(args, kwargs, warming, held)
+            return copy_out(out) if copy and self._copies and not self._eager else out
+        finally:
+            release_process()
 
     def _hold(self, warming: bool) -> bool:
         """Takes the process hold this call needs: alone in the process when the call sets a setting torch keeps
@@ -207,16 +215,18 @@ class CompiledModel(nn.Module):
             self._guard.follow_stream()
         if self._dynamic and not self._eager:
             declare_dynamic(self._orig_mod, args, kwargs, self._dynamic)  # marks live on this call's tensors
-        fn = self._orig_mod if self._eager else self._compiled
+        if self._eager:
+            fn = self._orig_mod
+        else:  # the direct form of `_compiled`, unless something put another callable there since
+            compiled, direct = self._run
+            fn = direct if compiled is self._compiled else self._compiled
         strict = self._strict and self._warmed and not warming and not self._eager
         self._tracker.begin()
         try:
-            with self._scope(strict, held):
-                out = fn(*args, **kwargs)
+            out = _within(self._scope(strict, held), fn, args, kwargs)
             if self._copies and self._guard.warmed_up():  # record on this thread now (CallGuard.warmed_up)
                 del out
-                with self._scope(strict, held):
-                    out = fn(*args, **kwargs)
+                out = _within(self._scope(strict, held), fn, args, kwargs)
         except torch.OutOfMemoryError as e:  # the inputs do not fit: not a compile failure, never a fallback
             self._tracker.end()
             if self._copies:
@@ -249,7 +259,7 @@ class CompiledModel(nn.Module):
             scopes.append(self._parts.installed())
         # the whole model (or its regional blocks) replayed from CUDA graphs, which ops may trade for (replay.py);
         # a plan's parts each say it for themselves
-        if self._resolved.replays_cuda_graphs and not self._eager and not (self._parts and self._parts.parts):
+        if self._replays and not self._eager and not (self._parts and self._parts.parts):
             scopes.append(replay.replayed())
         if self._trace is not None:
             scopes.append(self._trace.active())
@@ -415,6 +425,26 @@ class CompiledModel(nn.Module):
 _LEAVES = (torch.Tensor, int, float, bool, str, type(None))
 _SCALARS = _LEAVES[1:]
 _MIXED = object()  # in an input key: an argument that is neither a tensor nor a scalar (a list, a dict)
+
+
+def _within(scope: contextlib.AbstractContextManager, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """`fn(*args, **kwargs)` inside `scope`; the usual steady call has none to enter (`_NOTHING`)."""
+    if scope is _NOTHING:
+        return fn(*args, **kwargs)
+    with scope:
+        return fn(*args, **kwargs)
+
+
+def _direct(compiled: Any) -> Any:
+    """What calling `compiled` runs, without the call machinery around it: for torch.compile's OptimizedModule, its
+    Dynamo-wrapped `forward` (an instance attribute since torch 2.0), skipping `OptimizedModule.__call__`'s global-hook
+    check, its generator context manager (a flag only torch.distributed's ModTracker reads) and nn.Module's hook
+    dispatch, ~3 us of host time a call on the 2-core CPU, paid on top of this model's own call. Anything else, or a
+    torch that keeps no such attribute: `compiled` itself."""
+    forward = getattr(compiled, "__dict__", {}).get("forward")
+    if callable(forward) and isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule):
+        return forward
+    return compiled
 
 
 def _key(args: tuple) -> tuple:
