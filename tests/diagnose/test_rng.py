@@ -2,6 +2,7 @@
 in forward (diagnose.rng), state kept across calls, inputs written in place, outputs that are a Python number or
 nothing at all. It must not call their numerics broken, nor call a stateful model's drift agreement."""
 
+import dataclasses
 import inspect
 
 import pytest
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fullgraph.diagnose import doctor as doc
+from fullgraph.diagnose.html import render_html
 from fullgraph.diagnose.report import Report
 from fullgraph.diagnose.rng import random_draws, seeded
 from fullgraph.diagnose.summary import format_summary
@@ -189,5 +191,7 @@ def test_outputs_without_tensors_are_judged_by_what_they_hold_or_said_to_hold_no
     assert none.nothing_checked and none.recommendation is None
     assert all(c.rel_err is None and c.error is None for c in none.configs)
     assert "recommendation: none (the model returns nothing to check)" in format_summary(none, width=200)
+    assert "none: the model returns nothing to check" in render_html(none)
+    assert "none found" in render_html(dataclasses.replace(number, recommendation=None))  # rows were checked
     numerics = next(i for i in none.checklist if i.item == "Numerics checked against eager float32")
     assert numerics.status == "not-measured" and "nothing to compare" in numerics.evidence
