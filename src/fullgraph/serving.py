@@ -21,8 +21,9 @@ batch-4 ViT at 0.6 ms per call cannot pay) and against N graph instances per mod
   guard's own, in the calling thread only and only for the call: whichever thread calls, the model records and
   replays in one tree manager with one memory pool (its own: models no longer share one pool, see docs/deploy.md,
   "Many threads"), on torch 2.11 and 2.13 alike.
-- `process_settings`: a call that changes a process-wide torch setting (a recompile limit, a strict stance, a trace
-  logger) runs alone in the process; every other call takes it shared. Readers never wait for one another.
+- `hold_process` / `release_process`: a call that changes a process-wide torch setting (a recompile limit, a strict
+  stance, a trace logger) holds the process alone; every other call holds it shared. Readers never wait for one
+  another.
 - `copy_out`: the outputs cloned (same strides) on the current stream; `borrow` in the callers skips it for a caller
   that reads the output while it holds the lock.
 - `OwnerThread`: the owner-thread form, for a callable whose calls hold the GIL through a long launch loop (an
@@ -135,22 +136,6 @@ class _Shared:
 _PROCESS = _Shared()
 hold_process, release_process = _PROCESS.acquire, _PROCESS.release  # the hold as two calls: a caller that decides
 # its mode under a shared hold (CompiledModel reads Dynamo's config there, where no call can change it)
-
-
-class process_settings:
-    """Held around a call: `exclusive=True` when the call sets a process-wide torch setting (see the module
-    docstring), shared otherwise. A class, not a generator context manager: it sits on every call's path."""
-
-    __slots__ = ("exclusive",)
-
-    def __init__(self, exclusive: bool = False) -> None:
-        self.exclusive = exclusive
-
-    def __enter__(self) -> None:
-        _PROCESS.acquire(self.exclusive)
-
-    def __exit__(self, *exc: object) -> None:
-        _PROCESS.release()
 
 
 _MAX_AGAINS = 64  # see CallGuard.warmed_up
@@ -440,6 +425,5 @@ __all__ = [
     "hold_process",
     "input_signature",
     "out_of_memory",
-    "process_settings",
     "release_process",
 ]

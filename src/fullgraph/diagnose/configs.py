@@ -278,11 +278,15 @@ class Reference:
     compare: str = "output"  # what is compared: "output", "buffers" (a forward returning none), "" (nothing)
 
     def result(self, fn: Callable, out: Any) -> Any:
-        """What a call of `fn` is judged by: its output, or the model's buffers after the call where the forward
-        returns no tensor and writes its results into them."""
-        if self.compare == "buffers" and isinstance(fn, nn.Module):
-            return [b.detach().clone() for b in fn.buffers()]
-        return out
+        return _judged(self.compare, fn, out)
+
+
+def _judged(compare: str, fn: Callable, out: Any) -> Any:
+    """What a call of `fn` is judged by: its output, or the model's buffers after the call where the forward returns
+    no tensor and writes its results into them (`compare` "buffers")."""
+    if compare == "buffers" and isinstance(fn, nn.Module):
+        return [b.detach().clone() for b in fn.buffers()]
+    return out
 
 
 def reference(ref_model: Callable, example: Example, device: torch.device) -> Reference:
@@ -307,7 +311,7 @@ def reference(ref_model: Callable, example: Example, device: torch.device) -> Re
                    "nothing to compare, so rows are timed but their numerics are not checked, and none is "
                    "recommended")
             )  # fmt: skip
-        outs.append(Reference(None, compare=compare).result(ref_model, out))
+        outs.append(_judged(compare, ref_model, out))
     drift = rel_err(outs[1], outs[0]) if compare else 0.0
     tol = TOLERANCE[torch.float32]
     if written:

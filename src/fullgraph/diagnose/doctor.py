@@ -145,7 +145,8 @@ def doctor(
 
     # The model's prints are counted, not shown; stderr stays free for a progress callback.
     with contextlib.ExitStack() as stack:
-        notes += [n for n in [cfg.in_eval(model, stack) if is_module else ""] if n]
+        if is_module and (was_training := cfg.in_eval(model, stack)):
+            notes.append(was_training)
         stack.enter_context(pinned_threads(threads))
         captured = stack.enter_context(capture_output(stdout=True, stderr=False))
         say("lint: reading the model's own code")

@@ -172,7 +172,8 @@ def tune(
     warm: list[str] = []  # rows compiled ahead: this process's build from the warm caches
 
     with contextlib.ExitStack() as stack:
-        notes += [n for n in [cfg.in_eval(model, stack)] if n]
+        if was_training := cfg.in_eval(model, stack):
+            notes.append(was_training)
         stack.enter_context(pinned_threads(threads))
         captured = stack.enter_context(capture_output(stdout=True, stderr=False))
         stack.enter_context(dynamo.room_for_recompiles())  # every row compiles the same code objects again
