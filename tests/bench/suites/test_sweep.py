@@ -71,7 +71,8 @@ def test_small_sweep_runs_each_point_in_a_child_and_writes_decisions(tmp_path, m
     assert {r.variant for r in rows if r.suite == "vit" and r.metric == "median_ms"} == twins
     vit_case = next(r.case for r in rows if r.suite == "vit")
     line = next(ln for ln in sweep.summary(rows).splitlines() if ln.startswith(vit_case))
-    assert len(re.findall(r"\d+\.\d+", line[len(vit_case) :])) == 3, line  # plain ms and both ratios
+    # plain ms and both ratios (plain ms in 4 significant digits: "125" on a slow CI machine, no decimal point)
+    assert len(re.findall(r"\d+(?:\.\d+)?", line[len(vit_case) :])) == 3, line
     errs = {r.variant: r.value for r in rows if r.suite == "vit" and r.metric == "rel_err"}
     assert errs["plain, compiled"] < 1e-4 and errs["ours native, compiled"] < 1e-2  # fp32 on the CPU
     assert json.loads(out.read_text())["format"] == measured.FORMAT
