@@ -512,7 +512,9 @@ def compile(
       `fullgraph` and `recompile_limit` override the preset's.
     - `dynamic={"x": {0: (1, 32)}}` declares input dims dynamic with ranges, marked on each call's inputs
       (fullgraph.compile.dynamic.declare_dynamic: sizes 0 and 1 compile apart); other dims stay automatic.
-    - `dtype=torch.bfloat16` casts the model (in place) and its floating inputs on every call.
+    - `dtype=torch.bfloat16` casts the model (in place) and its floating inputs on every call. An input of another
+      dtype is cast into a new tensor, so a forward that writes into its inputs writes into that copy, not into
+      the caller's tensor: pass inputs already in `dtype` where the forward's writes must be seen.
     - `on_error="eager"`: a compile failure warns once (CompileFallbackWarning, naming the cause) and the model runs
       eagerly from then on; "raise" lets the error through.
     - `strict_recompiles=True`: after warm-up (or the first call), any compile raises StrictRecompileError
