@@ -13,6 +13,7 @@ import fullgraph
 import fullgraph.compile.presets
 from fullgraph.compile import CompiledModel, CompileFallbackWarning, Preset, StrictRecompileError
 from fullgraph.errors import UsageError
+from tests.shared_wrapper import WrappedA, WrappedB
 
 
 @pytest.fixture(autouse=True)
@@ -274,6 +275,25 @@ def test_stats_count_each_recompile_once_however_many_cache_entries_it_tried():
         assert f"expected {previous}," in rec.reason, rec.reason
     cm(torch.randn(5, 8))  # a cache hit: no recompile
     assert len(cm.stats.recompiles) == len(sizes) - 1
+
+
+def test_a_code_object_another_model_compiled_first_is_not_this_models_recompile():
+    from fullgraph.compile.stats import last_record, recompiles_since
+
+    a = fullgraph.compile(WrappedA(), backend="eager", dynamic=False)
+    b = fullgraph.compile(WrappedB(), backend="eager", dynamic=False)
+    x = torch.randn(4, 8)
+    a(x)
+    before = last_record()
+    out = b(x)
+    # Dynamo files b's first compile of `wrapper` as a recompile (a's cache entry failed its guards) ...
+    assert [m.co_name for m in recompiles_since(before)] == ["wrapper"]
+    # ... which is not one for b: it compiled once
+    assert b.stats.frames_compiled == 1 and b.stats.recompiles == ()
+    torch.testing.assert_close(out, torch.relu(b.fc(x)) * 2)
+    b(torch.randn(5, 8))  # a new size: b's own entry fails, a real recompile, named with b's guard
+    assert len(b.stats.recompiles) == 1 and "expected 4" in b.stats.recompiles[0].reason
+    assert a.stats.recompiles == ()
 
 
 def test_to_recompiles_on_the_next_call():

@@ -8,6 +8,7 @@ from fullgraph.compile.options import dynamo_config_name
 from fullgraph.diagnose import dynamo
 from fullgraph.diagnose.inputs import Example
 from tests.diagnose import models
+from tests.shared_wrapper import WrappedA, WrappedB
 from tests.skips import requires_cuda
 
 MODELS_FILE = os.path.abspath(models.__file__)
@@ -235,3 +236,13 @@ def test_a_recompile_inside_the_first_call_is_not_blamed_on_the_inputs():
     assert r.fix.startswith("not your inputs: one call runs this function again with other arguments")
     assert "recompile limit (" in r.fix and r.fix.endswith("give it one rank on every call (reshape or unsqueeze the "
                                                            "same way each time)")  # fmt: skip
+
+
+def test_a_function_another_model_compiled_first_is_no_recompile_of_this_one():
+    # Whisper then T5 doctored in one process read "recompiles: 1, first call" for T5: the failed cache entry of
+    # transformers' shared `wrapper` was Whisper's. Only this model's own entries count.
+    torch.compile(WrappedA(), backend="eager")(torch.randn(2, 8))
+    rec, compiled = dynamo.capture_breaks(WrappedB(), Example.of(torch.randn(2, 8)))
+    assert dynamo.first_call_recompiles(rec) == [] and rec.graph_break_count == 0
+    found = dynamo.capture_recompiles(compiled, [("batch", Example.of(torch.randn(5, 8)))], rec.own)
+    assert [r.trigger for r in found] == ["batch"] and "expected 2" in found[0].guard_failure

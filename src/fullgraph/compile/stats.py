@@ -9,6 +9,7 @@ What happens on another thread during a call is counted too (see `fullgraph.comp
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -74,8 +75,15 @@ def last_record() -> object | None:
     return records[-1] if records else None
 
 
-def recompiles_since(last: object | None) -> list:
-    """The records of the recompiles made after `last` (a `last_record()`), oldest first."""
+def recompiles_since(last: object | None, own: set[str] | None = None) -> list:
+    """The records of the recompiles made after `last` (a `last_record()`), oldest first.
+
+    `own`, when given: the compile ids of one model's compiles so far, updated here with those made after `last`; a
+    recompile then counts only when the cache entry whose guards failed is one of them. Dynamo keeps its cache entries
+    per code object, so a function that two models share (a library decorator's `wrapper`, which transformers runs
+    most models' forwards through) fails the first model's guards on the second model's first call: Dynamo records a
+    recompile, and for the second model it is its first compile (transformers' T5 doctored after Whisper on the CPU:
+    "recompiles: 1, first call" on a model that compiles once)."""
     records = compile_records()
     new = records
     for i in range(len(records) - 1, -1, -1):
@@ -83,7 +91,23 @@ def recompiles_since(last: object | None) -> list:
             new = records[i + 1 :]
             break
     # else `last` left Dynamo's bounded record (or a reset cleared it): all it still has is new
-    return [m for m in new if getattr(m, "recompile_reason", None)]
+    if own is not None:
+        own.update(str(m.compile_id) for m in new if getattr(m, "compile_id", None))
+    return [m for m in new if getattr(m, "recompile_reason", None) and _failed_here(m.recompile_reason, own)]
+
+
+# Dynamo writes a guard failure as "<compile id of the cache entry that failed>: <guards>" (str(CompileId): "3/1", or
+# "!0/3/1" under compiled autograd).
+_FAILED_ENTRY = re.compile(r"\s*(!?\d+(?:/\d+)*):\s")
+
+
+def _failed_here(reason: str, own: set[str] | None) -> bool:
+    """Whether a recompile's failed cache entry is one of `own` (every recompile counts when `own` is None, or when
+    the text names no entry)."""
+    if own is None:
+        return True
+    m = _FAILED_ENTRY.match(str(reason))
+    return m is None or m[1] in own
 
 
 def _snapshot() -> tuple:
@@ -132,6 +156,7 @@ class Tracker:
         self._before: tuple | None = None
         self._activity: tuple[int, int] | None = None  # Dynamo's activity when `_before` was taken
         self._hits = 0  # calls that compiled nothing, counted apart: the hot path builds no dataclass
+        self._own: set[str] = set()  # the compile ids of this model's compiles (see recompiles_since)
 
     @property
     def stats(self) -> CompileStats:
@@ -159,7 +184,7 @@ class Tracker:
         breaks = sum(1 for r, n in c["resumes"].items() if n > resumes0.get(r, 0))
         recompiles = tuple(
             Recompile(m.co_name or "?", m.co_filename or "?", m.co_firstlineno or 0, str(m.recompile_reason).strip())
-            for m in recompiles_since(last0)
+            for m in recompiles_since(last0, self._own)
         )
         times = compilation_time_metrics.get(_COMPILE_TIMER, [])
         call = CompileStats(

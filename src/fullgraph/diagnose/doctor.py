@@ -165,7 +165,7 @@ def doctor(
             rec, compiled = dynamo.capture_breaks(traced, example.fresh())
             recompiles = dynamo.first_call_recompiles(rec)
             say("recompiles: calling again" + (f", varying {', '.join(vary)}" if vary else ""))
-            recompiles += dynamo.capture_recompiles(compiled, _variants(example.fresh(), vary, notes))
+            recompiles += dynamo.capture_recompiles(compiled, _variants(example.fresh(), vary, notes), rec.own)
         except Exception as e:  # Dynamo cannot trace it at all: that is the finding; eager is still measured
             failed.append(f"Dynamo failed on this model: {env.first_line(e, 300)}")
             rec, recompiles = dynamo.Recorder(), []

@@ -140,6 +140,7 @@ class Recorder:
     breaks: list[GraphBreak] = field(default_factory=list)
     recording: bool = True  # off after the first run: recompiles for new inputs are not new graph breaks
     first_call_failures: list = field(default_factory=list)  # (code, guard failure) during the first call
+    own: set[str] = field(default_factory=set)  # compile ids of this recorder's compiles (stats.recompiles_since)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         if not self.recording:
@@ -229,7 +230,7 @@ def capture_breaks(model: Callable, example: Example) -> tuple[Recorder, Callabl
     with torch.no_grad(), quiet_dynamo(), _collecting(_BREAK_LOG, propagate=False) as logged:
         example.call(compiled)
     rec.recording = False
-    rec.first_call_failures = _new_failures(before)
+    rec.first_call_failures = _new_failures(before, rec.own)
     seen = {(os.path.abspath(b.file), b.line) for b in rec.breaks}
     for b in filter(None, map(_break_from_log, logged)):
         if (os.path.abspath(b.file), b.line) not in seen:
@@ -259,10 +260,11 @@ def quiet_dynamo():
         logger.setLevel(level)
 
 
-def _new_failures(before: object | None) -> list[tuple]:
-    """(where, guard failure) of each recompile since `before`: one per recompile (compile.stats.recompiles_since),
-    `where` carrying the recompiled frame's co_name, co_filename and co_firstlineno."""
-    return [(m, m.recompile_reason) for m in recompiles_since(before)]
+def _new_failures(before: object | None, own: set[str] | None = None) -> list[tuple]:
+    """(where, guard failure) of each recompile since `before`: one per recompile (compile.stats.recompiles_since,
+    which with `own` leaves out the failures of cache entries another compile made), `where` carrying the recompiled
+    frame's co_name, co_filename and co_firstlineno."""
+    return [(m, m.recompile_reason) for m in recompiles_since(before, own)]
 
 
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<fn>\w+?)_at_(?P<line>\d+)$")
@@ -274,16 +276,20 @@ def user_function_name(code_name: str) -> str:
     return f"{m['fn']} (after the break at line {m['line']})" if m else code_name
 
 
-def capture_recompiles(compiled: Callable, variants: Sequence[tuple[str, Example]]) -> list[Recompile]:
+def capture_recompiles(
+    compiled: Callable, variants: Sequence[tuple[str, Example]], own: set[str] | None = None
+) -> list[Recompile]:
     """Call `compiled` on each (trigger, inputs) in turn and report the guard failures each call caused, one entry
     per cause: a new batch size fails the guards of every fragment of a broken function once, which is one cause
-    with one fix, counted, and named after the user's function rather than Dynamo's resume functions."""
+    with one fix, counted, and named after the user's function rather than Dynamo's resume functions. `own`: the
+    compile ids of `compiled`'s compiles so far (a `Recorder`'s), so that a function first reached on a new input
+    and compiled before by another model is not counted as a recompile."""
     groups: dict[tuple[str, str], Recompile] = {}
     for trigger, example in variants:
         before = last_record()
         with torch.no_grad(), quiet_dynamo():
             example.call(compiled)
-        _fold(groups, trigger, _new_failures(before))
+        _fold(groups, trigger, _new_failures(before, own))
     return list(groups.values())
 
 
