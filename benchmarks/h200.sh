@@ -3,7 +3,7 @@
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
 #   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-threads zoo fleet
-#   sweep gemm-gelu
+#   sweep gemm-gelu lock-bound bisect gpu-tests
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -210,13 +210,38 @@ for step in $steps; do
       ;;
     fleet)  # issue 35: replicas against one Redis (cold, sequential, together, published), timm ViT-B/16 b4 bf16
       # perception. The image has no Redis: carry .gpu/ (Debian's redis-server, redis-tools, libjemalloc2 and
-      # liblzf1 unpacked with dpkg -x into .gpu/redis, the pure-Python `redis` client in .gpu/py). ~1 min a cold
-      # replica: FLEET_ARGS="--replicas 3" (the default 4 x 4 variants is past one 10-minute call).
+      # liblzf1 unpacked with dpkg -x into .gpu/redis, the pure-Python `redis` client in .gpu/py: built by
+      # benchmarks/carry_redis.sh). 4 replicas x 4 variants, steady rounds and profiles took ~160 s on the H100
+      # (2026-12-05; a cold replica ~11 s since the window's imports moved out).
       export PATH="$PWD/.gpu/redis/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.gpu/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/py"
       redis-server --version || { echo "fleet: no redis-server (carry .gpu)"; continue; }
-      $py -m fullgraph bench fleet ${FLEET_ARGS:---replicas 3} --csv "$OUT/fleet_h200.csv" 2>&1 \
+      $py -m fullgraph bench fleet ${FLEET_ARGS:---replicas 4} --csv "$OUT/fleet_h200.csv" 2>&1 \
         | tee "$OUT/fleet_h200.txt" | grep -v '^\[' | tail -25
+      ;;
+    lock-bound)  # issue 31 at ViT-S/16 b4: ours against plain torch.compile from 1 thread (the most a per-model lock
+      # can give); LOCKED=1 adds the locked 4-thread baseline in its own process (it aborted on torch 2.11 twice)
+      for model in ${LOAD_MODELS:-vit_s16_b4}; do
+        t=benchmarks/targets/serve.py:$model
+        echo "--- $model lock bound: compiled,plain 1 thread $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
+        timeout 150 $py -m fullgraph bench load "$t" --callable compiled,plain --threads 1 --seconds "${LOAD_SECONDS:-10}" \
+          --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" | grep -v '^\[' | tail -12
+        [ "${LOCKED:-0}" = 1 ] || continue
+        echo "--- $model locked, 4 threads $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
+        timeout 120 $py -m fullgraph bench load "$t" --callable locked --threads 4 --seconds "${LOAD_SECONDS:-10}" \
+          --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" | grep -v '^\[' | tail -12
+      done
+      ;;
+    bisect)  # issue 33: which step of `bench zoo`'s flow loses on ResNet-50 b4 default (BISECT_STEPS, BISECT_SECONDS)
+      timeout "${BISECT_SECONDS:-300}" $py benchmarks/resnet_zoo_bisect.py \
+        --steps "${BISECT_STEPS:-cli,cli-inproc,parser,zoo,rewrites-none}" 2>&1 \
+        | tee "$OUT/resnet_zoo_bisect.txt" | grep -v '^\[' | tail -60
+      ;;
+    gpu-tests)  # the tests marked gpu (GPU_TESTS: paths, default deploy and compile), Redis from .gpu when carried
+      export PATH="$PWD/.gpu/redis/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.gpu/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      # shellcheck disable=SC2086 # a word list
+      PYTHONPATH="$PYTHONPATH:$PWD:$PWD/.gpu/py" timeout "${GPU_TESTS_SECONDS:-540}" $py -m pytest -p no:cacheprovider -q -ra \
+        $($py -c 'import pytest_timeout' 2>/dev/null && echo --timeout=300) -m gpu ${GPU_TESTS:-tests/deploy tests/compile} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
