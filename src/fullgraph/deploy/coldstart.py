@@ -47,10 +47,11 @@ line on stdin with `{"round_ms": ...}`, the median of N more calls, and each `pr
 `{"profile_us": {kernel: us per call}}` over N calls under torch's profiler, until `exit` or the end of stdin:
 `bench fleet` interleaves its replicas' steady states that way, then profiles each.
 
-`code`: a fingerprint of the compiled code this process runs once its timed calls are done (`code_fingerprint`):
-Inductor's modules loaded (their file names are hashes of their source) and the launch configuration each Triton
-kernel's autotuner chose. Replicas that compile the same graph and time differently either ran other code (the
-fingerprints differ) or the same code (they agree); cuBLAS's and cuDNN's choices are not in it.
+`code`: a fingerprint of the compiled code this process runs once its timed calls are done (`code_fingerprint`),
+"GRAPH/LAUNCH": Inductor's modules loaded (their file names are hashes of their source), then the launch
+configuration each Triton kernel's autotuner chose. Replicas that compile the same graph and time differently either
+ran other code (GRAPH differs), the same code launched apart (LAUNCH differs) or the same launches; cuBLAS's and
+cuDNN's choices are not in it. `pad`: Inductor's shape-padding choices (`pad_decisions`).
 """
 
 from __future__ import annotations
@@ -336,13 +337,22 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], fn: Callable[..., 
 
     steady = Steady(fn, inputs, device)
     timing = steady.measure(args.reps)
-    report.update(median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms, code=code_fingerprint())
+    report.update(
+        median_ms=timing.median_ms,
+        p20_ms=timing.p20_ms,
+        p80_ms=timing.p80_ms,
+        code=code_fingerprint(),
+        pad=pad_decisions(),
+    )
     return steady
 
 
 def code_fingerprint() -> str | None:
-    """16 hex digits over Inductor's loaded modules and each Triton kernel's chosen launch configuration; None where
-    Inductor was never imported (a package's lean route) or loaded no module."""
+    """ "GRAPH/LAUNCH", 8 hex digits each: over the file names of Inductor's loaded modules (hashes of their source:
+    the compiled code) and over each Triton kernel's chosen launch configuration (a timing each process takes on a
+    kernel's first runs, so replicas running one graph's code may launch it apart); None where Inductor was never
+    imported (a package's lean route) or loaded no module. Apart since 2026-12-06: one digest over both differed
+    between nearly every pair of the H100 fleet's replicas, those that loaded one graph from Redis included."""
     codecache = sys.modules.get("torch._inductor.codecache")
     modules = list(getattr(getattr(codecache, "PyCodeCache", None), "modules", None) or [])
     if not modules:
@@ -359,7 +369,25 @@ def code_fingerprint() -> str | None:
                 continue
             seen.add(id(value))
             chosen.add(f"{name}:{';'.join(str(getattr(launcher, 'config', '?')) for launcher in launchers)}")
-    return hashlib.sha256("\n".join(sorted(names) + sorted(chosen)).encode()).hexdigest()[:16]
+    return "/".join(hashlib.sha256("\n".join(sorted(part)).encode()).hexdigest()[:8] for part in (names, chosen))
+
+
+def pad_decisions() -> str | None:
+    """Inductor's shape-padding choices made in this process, "padded/decided" and 8 hex digits over the padded
+    matmuls' keys; None where none was made. Each is a timing taken while compiling (`pad_mm` benchmarks a matmul
+    padded and as it is) and kept in the local cache only, so replicas compiling at once on one GPU can choose apart
+    where replicas compiling one after another agree (issue 35's `together` replicas, 2026-12-06)."""
+    pad = sys.modules.get("torch._inductor.fx_passes.pad_mm")
+    try:
+        cache = pad.get_pad_cache().get_local_cache() if pad is not None else {}
+    except Exception:  # a private cache: any change in its form leaves the column empty, never the replica failed
+        return None
+    decided = {k: v for k, v in (cache or {}).items() if isinstance(v, bool)}
+    if not decided:
+        return None
+    padded = sorted(k for k, v in decided.items() if v)
+    which = hashlib.sha256("\n".join(padded).encode()).hexdigest()[:8]
+    return f"{len(padded)}/{len(decided)} {which}"
 
 
 def _hold(steady: Timer, lines: Iterable[str]) -> None:

@@ -227,3 +227,23 @@ def test_the_child_reports_whether_torch_has_bytecode():
     pyc = Path(importlib.util.cache_from_source(torch.__file__))
     assert found["torch_pyc"] == pyc.exists()
     assert found["dont_write"] == bool(sys.flags.dont_write_bytecode or sys.dont_write_bytecode)
+
+
+def test_pad_decisions_read_inductors_local_cache_and_name_which_matmuls_were_padded(tmp_path):
+    # Inductor's shape padding is a timing taken while compiling, kept in the local cache only: the fleet reports
+    # each replica's choices so that replicas compiling at once can be seen to choose apart. A child process: the
+    # cache directory is read once per process.
+    code = """
+from torch._inductor.fx_passes import pad_mm
+from fullgraph.deploy.coldstart import pad_decisions
+print(pad_decisions())
+pad_mm.set_cached_should_pad("mm 788x768x2304", True)
+pad_mm.set_cached_should_pad("mm 788x768x768", False)
+first = pad_decisions()
+pad_mm.set_cached_should_pad("mm 788x768x768", True)
+print(first, pad_decisions(), sep="\\n")
+"""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    none, one, two = out.split()[0], out.split()[1:3], out.split()[3:5]
+    assert none == "None" and one[0] == "1/2" and two[0] == "2/2" and one[1] != two[1]

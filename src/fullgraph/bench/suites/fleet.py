@@ -371,6 +371,7 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
             params = {"model": plan.model, "batch": plan.batch, "dtype": plan.dtype, "preset": plan.preset,
                       "replicas": len(done), **({"error": r["error"]} if r["error"] else {}),
                       **({"how": c["how"]} if c.get("how") else {}), **({"code": c["code"]} if c.get("code") else {}),
+                      **({"pad": c["pad"]} if c.get("pad") else {}),
                       **({"rounds_ms": [round(x, 5) for x in rounds]} if rounds else {}),
                       **({"profile_us": profiled} if profiled else {})}  # fmt: skip
             rows += make_rows("fleet", plan.point, r["name"], metrics, params)
@@ -390,9 +391,9 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
                           f"{counters.get('fxgraph_cache_hit', '-')}/{counters.get('fxgraph_cache_miss', '-')}",
                           f"{counters.get('autograd_cache_hit', '-')}/{counters.get('autograd_cache_miss', '-')}",
                           f"{remote.get('hit', '-')}/{remote.get('miss', '-')}/{remote.get('refused', '-')}",
-                          remote.get("put"), err, (c.get("code") or "-")[:8], status])  # fmt: skip
+                          remote.get("put"), err, c.get("code") or "-", c.get("pad") or "-", status])  # fmt: skip
     headers = ["replica", "1st output s", "x cold", "steady ms", "x cold", "FX hit/miss", "AOT hit/miss",
-               "remote hit/miss/refused", "remote puts", "rel err vs fp32", "code", "status"]  # fmt: skip
+               "remote hit/miss/refused", "remote puts", "rel err vs fp32", "code", "pad", "status"]  # fmt: skip
     base = f"cold median {cold_first:.2f} s" if cold_first is not None else "no cold replica finished"
     rounds = max((len(r.get("rounds_ms") or []) for done in runs.values() for r in done), default=0)
     how = (f"steady: the median of {rounds} rounds of {plan.reps} calls, the replicas interleaved" if rounds
