@@ -19,6 +19,11 @@ py=python3
 # image does.
 image_dont_write=${PYTHONDONTWRITEBYTECODE-}
 pyc=${FULLGRAPH_PYC:-/tmp/fullgraph-pyc}
+carried_redis() {  # Debian's redis-server and the `redis` client from a carried .gpu/ (benchmarks/carry_redis.sh), once
+  [ -n "${CARRIED_REDIS:-}" ] && return
+  export CARRIED_REDIS=1 PATH="$PWD/.gpu/redis/usr/bin:$PATH" PYTHONPATH="$PYTHONPATH:$PWD/.gpu/py" \
+    LD_LIBRARY_PATH="$PWD/.gpu/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
 for step in $steps; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
@@ -213,8 +218,7 @@ for step in $steps; do
       # liblzf1 unpacked with dpkg -x into .gpu/redis, the pure-Python `redis` client in .gpu/py: built by
       # benchmarks/carry_redis.sh). 4 replicas x 4 variants, steady rounds and profiles took ~160 s on the H100
       # (2026-12-05; a cold replica ~11 s since the window's imports moved out).
-      export PATH="$PWD/.gpu/redis/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.gpu/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/py"
+      carried_redis
       redis-server --version || { echo "fleet: no redis-server (carry .gpu)"; continue; }
       $py -m fullgraph bench fleet ${FLEET_ARGS:---replicas 4} --csv "$OUT/fleet_h200.csv" 2>&1 \
         | tee "$OUT/fleet_h200.txt" | grep -v '^\[' | tail -25
@@ -238,9 +242,9 @@ for step in $steps; do
         | tee "$OUT/resnet_zoo_bisect.txt" | grep -v '^\[' | tail -60
       ;;
     gpu-tests)  # the tests marked gpu (GPU_TESTS: paths, default deploy and compile), Redis from .gpu when carried
-      export PATH="$PWD/.gpu/redis/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.gpu/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      carried_redis
       # shellcheck disable=SC2086 # a word list
-      PYTHONPATH="$PYTHONPATH:$PWD:$PWD/.gpu/py" timeout "${GPU_TESTS_SECONDS:-540}" $py -m pytest -p no:cacheprovider -q -ra \
+      PYTHONPATH="$PYTHONPATH:$PWD" timeout "${GPU_TESTS_SECONDS:-540}" $py -m pytest -p no:cacheprovider -q -ra \
         $($py -c 'import pytest_timeout' 2>/dev/null && echo --timeout=300) -m gpu ${GPU_TESTS:-tests/deploy tests/compile} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
       ;;
     *) echo "unknown step $step"; exit 2 ;;
