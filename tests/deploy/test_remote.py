@@ -4,16 +4,20 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
 import pytest
 import torch
 
+from fullgraph.deploy import remote
 from fullgraph.deploy._common import environment
 from fullgraph.deploy.remote import (
+    LEASE_PREFIX,
     MAGIC,
     RemoteCacheWarning,
+    SignedRedisBackend,
     entries,
     remote_cache,
     unwrap,
@@ -172,6 +176,128 @@ def test_paused_redis_costs_at_most_one_timeout(redis):
         _timed_without_redis(redis.url, redis.password, f"did not answer within {TIMEOUT:g} s")
     finally:
         os.kill(redis.pid, signal.SIGCONT)
+
+
+# ---- compile once per fleet: claims on missed entries ------------------------------------------------------------
+
+# Replicas that start together: each waits at a barrier (a file per replica in a folder) after its imports, so that
+# all look up the graph within milliseconds of each other.
+TOGETHER = """
+import json, os, sys, time, torch
+from fullgraph.deploy.remote import remote_cache
+from torch._dynamo.utils import counters
+url, password, key, barrier, n = sys.argv[1:6]
+fleet = remote_cache(url, password=password, key=key)
+open(os.path.join(barrier, str(os.getpid())), "w").close()
+while len(os.listdir(barrier)) < int(n):
+    time.sleep(0.005)
+torch.manual_seed(0)
+x, w, b = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
+out = torch.compile(lambda x, w, b: torch.nn.functional.gelu(torch.addmm(b, x, w)))(x, w, b)
+print(json.dumps({"inductor": dict(counters["inductor"]), "stats": fleet.stats(),
+                  "err": (out - torch.nn.functional.gelu(torch.addmm(b, x, w))).abs().max().item()}))
+"""
+
+
+def test_replicas_starting_together_compile_once(redis, tmp_path):
+    _torch_entries(redis)[0].flushdb()
+    n = 3
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", TOGETHER, redis.url, redis.password, KEY, str(barrier), str(n)],
+                              env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"local{i}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]  # fmt: skip
+    got = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+        got.append(json.loads(out.strip().splitlines()[-1]))
+    claimed = [g for g in got if g["stats"]["claimed"]]
+    assert len(claimed) == 1, [g["stats"] for g in got]  # one replica compiled
+    others = [g for g in got if not g["stats"]["claimed"]]
+    for g in others:  # the others loaded its entries: no miss anywhere, FX graph from Redis
+        assert g["stats"]["miss"] == 0 and g["stats"]["refused"] == 0, g["stats"]
+        assert g["inductor"].get("fxgraph_cache_hit") == 1 and not g["inductor"].get("fxgraph_cache_miss")
+    assert any(g["stats"]["waited"] for g in others), [g["stats"] for g in got]  # at least one arrived while it ran
+    assert all(g["err"] < 1e-5 for g in got)
+    c = _torch_entries(redis)[0]
+    assert not list(c.scan_iter(match=LEASE_PREFIX + "*"))  # every claim released
+
+
+def _backend(redis, **kw):
+    return SignedRedisBackend(redis.url, password=redis.password, key=KEY, timeout=TIMEOUT, **kw)
+
+
+def test_a_waiter_loads_the_entry_the_claimant_puts(redis):
+    key = "pt2:fx-graph-v1::waiter-test:c1"
+    holder, waiter = _backend(redis), _backend(redis)
+    assert holder.get(key) is None and holder.stats()["claimed"] == 1  # a miss: claimed, this one compiles
+    threading.Timer(0.6, holder.put, (key, b"compiled code")).start()
+    start = time.perf_counter()
+    assert waiter.get(key) == b"compiled code"
+    took = time.perf_counter() - start
+    stats = waiter.stats()
+    assert stats["waited"] == 1 and stats["hit"] == 1 and stats["miss"] == 0 and 0.5 <= stats["waited_s"] <= took
+    assert not _torch_entries(redis)[0].exists(LEASE_PREFIX + key)  # put released the claim
+
+
+def test_a_killed_claimants_claim_lapses_and_the_waiter_compiles(redis, monkeypatch):
+    key = "pt2:autograd-experimental::lapse-test:c1"
+    c = _torch_entries(redis)[0]
+    c.set(LEASE_PREFIX + key, "another-replica", px=800)  # claimed by a process that then died: nothing renews it
+    waiter = _backend(redis)
+    start = time.perf_counter()
+    assert waiter.get(key) is None
+    took = time.perf_counter() - start
+    stats = waiter.stats()
+    assert 0.6 <= took <= 0.8 + 0.5 and stats["waited"] == 1 and stats["miss"] == 1, (took, stats)
+    assert stats["claimed"] == 0  # it compiles without claiming again
+
+
+def test_a_claim_is_renewed_while_its_holder_compiles(redis, monkeypatch):
+    monkeypatch.setattr(remote, "LEASE_TTL_S", 0.6)
+    key = "pt2:fx-graph-v1::renew-test:c1"
+    holder = _backend(redis)
+    assert holder.get(key) is None
+    c = _torch_entries(redis)[0]
+    time.sleep(1.5)  # more than two TTLs: only renewal keeps it
+    assert c.get(LEASE_PREFIX + key) is not None
+    holder.put(key, b"x")
+    assert c.get(LEASE_PREFIX + key) is None
+
+
+def test_waiting_longer_than_wait_warns_once_and_compiles(redis):
+    key = "pt2:fx-graph-v1::slow-test:c1"
+    holder, waiter = _backend(redis), _backend(redis, wait=0.5)
+    assert holder.get(key) is None  # claimed and renewed, never put
+    with pytest.warns(RemoteCacheWarning, match=r"waited 0\.5 s for the fx-graph-v1 entry") as caught:
+        start = time.perf_counter()
+        assert waiter.get(key) is None
+    assert time.perf_counter() - start < 0.5 + 0.5
+    assert len([w for w in caught if issubclass(w.category, RemoteCacheWarning)]) == 1
+    holder.release_all()
+    assert not _torch_entries(redis)[0].exists(LEASE_PREFIX + key)
+
+
+def test_a_claim_its_holder_never_fills_is_released_when_the_compile_ends(redis):
+    key = "pt2:fx-graph-v1::uncacheable-test:c1"
+    holder = _backend(redis)
+    torch._dynamo.reset()  # (it clears Dynamo's compile callbacks: a claim registers its own again)
+    assert holder.get(key) is None  # claimed, as inside a compile that never saves this entry
+    assert _torch_entries(redis)[0].exists(LEASE_PREFIX + key)
+    torch.compile(lambda x: x + 1)(torch.ones(2))  # a compile ends
+    assert not _torch_entries(redis)[0].exists(LEASE_PREFIX + key)
+
+
+def test_no_claims_with_wait_zero_or_for_autotuning(redis):
+    c = _torch_entries(redis)[0]
+    backend = _backend(redis, wait=0)
+    assert backend.get("pt2:fx-graph-v1::nowait-test:c1") is None
+    assert _backend(redis).get("pt2:autotune-best-config-v2::tune-test:c1") is None
+    assert not c.exists(LEASE_PREFIX + "pt2:fx-graph-v1::nowait-test:c1")
+    assert not c.exists(LEASE_PREFIX + "pt2:autotune-best-config-v2::tune-test:c1")
+    with pytest.raises(UsageError, match="wait=-1"):
+        _backend(redis, wait=-1)
 
 
 # ---- entries, arguments ------------------------------------------------------------------------------------------

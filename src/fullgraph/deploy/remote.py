@@ -15,6 +15,17 @@ key; an entry that fails the signature or the header check is refused with one l
 and never handed to torch (torch compiles locally and writes a good entry over it). Redis keeps no hit count per
 key, so each verified hit is counted in the hash HITS_KEY (`fullgraph cache stats` shows them).
 
+Compile once per fleet. Replicas that start together all miss, and each compiled the same graphs (on an H100, four
+ViT-B/16 replicas at once: one of them chose other kernels, 4.8% slower in steady state: Inductor times choices
+such as padding a matmul while it compiles, and four compiles at once on one GPU time them apart). Now a miss of an
+FX-graph or AOTAutograd entry claims it (SET NX on `fullgraph:compiling:<key>`, renewed while the holder compiles):
+the claimant compiles and its `put` releases the claim; a replica that misses a claimed entry waits for it (up to
+`wait`) and loads it, so the fleet runs one compile's code. A holder killed mid-compile stops renewing, its claim
+lapses within LEASE_TTL_S, and the waiters compile for themselves; a claim whose entry torch never saves (an
+uncacheable graph) is released when Dynamo's compile ends. Each Redis operation still has the `timeout`; only the
+wait for another replica's compile is longer, and it is never longer than compiling here would have taken, unless
+the holder is slower than this replica.
+
 torch picks a remote cache's backend by class name in `torch._inductor.remote_cache` and offers no supported hook
 for another backend (2.11 to 2.13, as on main): the one way in is the class attribute `backend_override_cls` that
 torch's own tests use. `_hook` is the only code that touches it, and checks that it exists. The hook is
@@ -23,13 +34,16 @@ process-wide, so one remote cache serves a process: a second `remote_cache` call
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
+import secrets
 import threading
 import time
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +57,18 @@ from fullgraph.errors import UsageError
 ENV_URL = "FULLGRAPH_REMOTE_CACHE"
 ENV_KEY = "FULLGRAPH_REMOTE_CACHE_KEY"
 DEFAULT_TIMEOUT_S = 1.0
+# Compile once per fleet: a replica that misses an FX-graph or AOTAutograd entry claims it (a lease in Redis) and
+# compiles; a replica that misses an entry another has claimed waits for it (at most DEFAULT_WAIT_S) instead of
+# compiling it again. The holder renews its lease every LEASE_TTL_S / 3 while it compiles, so a killed holder's lease
+# lapses within LEASE_TTL_S and its waiters compile for themselves.
+DEFAULT_WAIT_S = 300.0
+LEASE_TTL_S = 10.0
+POLL_S = 0.1  # how often a waiter looks for the entry
+LEASE_PREFIX = "fullgraph:compiling:"  # + the entry's Redis key
+LEASED = ("fx-graph", "autograd")  # torch's caches whose misses are claimed (cache ids begin so); not autotuning
+# compare-and-act on a lease: only the replica that claimed it renews or releases it
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 MAGIC = b"FGRC1\n"  # then the signature (64 hex digits), a newline, the JSON header, a newline, torch's bytes
 FORMAT = 1
 HITS_KEY = "fullgraph:hits"  # Redis hash: entry key -> hits fullgraph recorded
@@ -150,17 +176,25 @@ class SignedRedisBackend:
     """What torch's RemoteCache instances call (`get(key)`, `put(key, bytes)`), shared by all of them: torch's
     `RemoteCacheBackend` interface, duck-typed so that this module imports no Inductor until it is hooked in."""
 
-    def __init__(self, url: str, *, password: str | None, key: str | bytes | None, timeout: float):
-        self.url, self.timeout = shown_url(url), timeout
+    def __init__(self, url: str, *, password: str | None, key: str | bytes | None, timeout: float,
+                 wait: float = DEFAULT_WAIT_S):  # fmt: skip
+        if wait < 0:
+            raise UsageError(f"remote cache wait={wait!r}: give seconds >= 0 (0: never wait for another replica)")
+        self.url, self.timeout, self.wait = shown_url(url), timeout, wait
         self._secret = _secret(key)
         self._redis = import_redis()
         self._client = client(url, password, timeout)
         self._env = environment()
         self._lock = threading.Lock()
         self._off: str | None = None  # why Redis was turned off for this process
-        self.counts: Counter[str] = Counter()  # "<cache>.hit|miss|refused|put", "skipped"
+        self.counts: Counter[str] = Counter()  # "<cache>.hit|miss|refused|put|claimed|waited", "skipped"
         self.redis_s = 0.0  # time spent waiting for Redis, all operations
         self.slowest_s = 0.0  # the longest single operation
+        self.waited_s = 0.0  # time spent waiting for entries other replicas were compiling
+        self._token = secrets.token_hex(8)  # this process's leases carry it
+        self._held: dict[str, float] = {}  # entry key -> when this process claimed it
+        self._renewer: threading.Thread | None = None
+        self._on_end: Callable[..., None] | None = None  # its compile-end callback (_release_at_compile_end)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -168,7 +202,8 @@ class SignedRedisBackend:
             for name, n in self.counts.items():
                 totals[name.rsplit(".", 1)[-1]] += n
             return {"url": self.url, "off": self._off, "redis_s": self.redis_s, "slowest_s": self.slowest_s,
-                    **{k: totals[k] for k in ("hit", "miss", "refused", "put", "skipped")},
+                    "waited_s": self.waited_s,
+                    **{k: totals[k] for k in ("hit", "miss", "refused", "put", "skipped", "claimed", "waited")},
                     "by_cache": dict(sorted(self.counts.items()))}  # fmt: skip
 
     def _count(self, name: str) -> None:
@@ -214,6 +249,8 @@ class SignedRedisBackend:
         if not ok:
             return None
         name = cache_of(key)
+        if data is None and self.wait and name.startswith(LEASED):
+            data = self._claim_or_wait(key, name)
         if data is None:
             self._count(f"{name}.miss")
             return None
@@ -231,9 +268,132 @@ class SignedRedisBackend:
         ok, _ = self._call(lambda: self._client.set(key, wrap(self._secret, key, data, self._env)))
         if ok:
             self._count(f"{cache_of(key)}.put")
+        self._release(key)  # the entry is there (or Redis is off): its waiters stop waiting
 
     def close(self) -> None:
+        self.release_all()
         self._client.close()
+
+    # -- compile once per fleet: leases on missed entries ------------------------------------------------------------
+
+    def _claim_or_wait(self, key: str, name: str) -> bytes | None:
+        """After a miss: claim `key` (this process compiles it: None), or, when another replica holds its claim, wait
+        for its entry and return it (None when the claim lapses or `wait` passes first: this process compiles)."""
+        with self._lock:
+            if key in self._held:  # this process claimed it (asked again, or another thread compiles it): no wait
+                return None
+        lease = LEASE_PREFIX + key
+        ttl_ms = int(min(LEASE_TTL_S, self.wait) * 1000)
+        ok, claimed = self._call(lambda: self._client.set(lease, self._token, nx=True, px=ttl_ms))
+        if not ok:
+            return None
+        if claimed:
+            self._count(f"{name}.claimed")
+            with self._lock:
+                self._held[key] = time.monotonic()
+            self._renew_in_background()
+            _release_at_compile_end(self)
+            return None
+        self._count(f"{name}.waited")
+        start = time.monotonic()
+        try:
+            while time.monotonic() - start < self.wait:
+                time.sleep(POLL_S)
+                ok, (there, claimed_still) = self._call(lambda: self._exists(key, lease))
+                if not ok:
+                    return None
+                if there:
+                    ok, data = self._call(lambda: self._client.get(key))
+                    return data if ok else None
+                if not claimed_still:  # the holder stopped without an entry (killed, or nothing to save)
+                    return None
+            warnings.warn(f"remote cache {self.url}: waited {self.wait:g} s for the {name} entry another replica "
+                          "is compiling; compiling it here (remote_cache(wait=...) for models that compile longer)",
+                          RemoteCacheWarning, stacklevel=3)  # fmt: skip
+            return None
+        finally:
+            with self._lock:
+                self.waited_s += time.monotonic() - start
+
+    def _exists(self, key: str, lease: str) -> tuple[bool, bool]:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.exists(key)
+        pipe.exists(lease)
+        there, leased = pipe.execute()
+        return bool(there), bool(leased)
+
+    def _release(self, key: str) -> None:
+        with self._lock:
+            held = self._held.pop(key, None)
+        if held is not None and not self._off:
+            self._call(lambda: self._client.eval(_RELEASE, 1, LEASE_PREFIX + key, self._token))
+
+    def release_all(self) -> None:
+        """Give up every claim this process holds: its compiles are over, and what they saved is in Redis."""
+        with self._lock:
+            keys = list(self._held)
+        for key in keys:
+            self._release(key)
+
+    def _renew_in_background(self) -> None:
+        with self._lock:
+            if self._renewer is not None and self._renewer.is_alive():
+                return
+            self._renewer = threading.Thread(target=_renew, args=(weakref.ref(self),), daemon=True,
+                                             name="fullgraph remote cache leases")  # fmt: skip
+            self._renewer.start()
+
+    def _renew_once(self) -> bool:
+        """Renew the claims younger than `wait`, drop the older ones; whether any is left."""
+        now = time.monotonic()
+        with self._lock:
+            old = [k for k, t in self._held.items() if now - t >= self.wait]
+            live = [k for k in self._held if k not in old]
+        for key in old:
+            self._release(key)
+        ttl_ms = int(LEASE_TTL_S * 1000)
+        for key in live:
+            renew = lambda k=key: self._client.eval(_RENEW, 1, LEASE_PREFIX + k, self._token, ttl_ms)  # noqa: E731
+            if self._off or not self._call(renew)[0]:  # Redis is off: the claims lapse by themselves
+                with self._lock:
+                    self._held.clear()
+                return False
+        return bool(live)
+
+
+def _renew(backend: weakref.ref) -> None:
+    """The renewing thread's loop: ends when no claim is left (or the backend is gone)."""
+    while True:
+        time.sleep(LEASE_TTL_S / 3)
+        found = backend()
+        if found is None or not found._renew_once():
+            return
+        del found
+
+
+def _release_at_compile_end(backend: SignedRedisBackend) -> None:
+    """Release `backend`'s claims when Dynamo's compile in progress ends: an entry claimed but never saved (torch
+    declined to cache that graph) then holds no other replica waiting. Through Dynamo's compile-end callbacks
+    (torch 2.6 and later), registered again at each claim (`torch._dynamo.reset()` clears them); without them, a
+    claim lapses after `wait` at most."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:
+        return
+    if not hasattr(callback_handler, "register_end_callback"):
+        return
+    if backend._on_end is None:
+        ref = weakref.ref(backend)
+
+        def ended(*_: Any) -> None:
+            found = ref()
+            if found is not None:
+                with contextlib.suppress(Exception):  # never fail a compile over a claim: it lapses by itself
+                    found.release_all()
+
+        backend._on_end = ended
+    if backend._on_end not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(backend._on_end)
 
 
 # ---- turning it on and off for the process -------------------------------------------------------------------------
@@ -315,16 +475,18 @@ _active_lock = threading.Lock()
 
 
 def remote_cache(url: str | None = None, *, password: str | None = None, key: str | bytes | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> FleetCache:  # fmt: skip
+                 timeout: float = DEFAULT_TIMEOUT_S, wait: float = DEFAULT_WAIT_S) -> FleetCache:  # fmt: skip
     """Turn on torch's remote FX-graph and AOTAutograd caches (and autotuning on a GPU) on Redis for this process.
 
     `url`: redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (TLS); default FULLGRAPH_REMOTE_CACHE. `password`: Redis'
     (required). `key`: the signing key, the same on every replica; default FULLGRAPH_REMOTE_CACHE_KEY. `timeout`:
-    seconds to connect and per reply (default 1). Process-wide (torch's hook is): a second call replaces the
-    first. Nothing is contacted until the first compile asks."""
+    seconds to connect and per reply (default 1). `wait`: the longest this process waits for an FX-graph or
+    AOTAutograd entry that another replica is compiling (it claimed the entry first) rather than compile it too
+    (default 300 s; 0: never wait). Process-wide (torch's hook is): a second call replaces the first. Nothing is
+    contacted until the first compile asks."""
     global _active
     url = redis_url(url, "remote_cache: give the Redis URL")
-    fleet = FleetCache(SignedRedisBackend(url, password=password, key=key, timeout=timeout))
+    fleet = FleetCache(SignedRedisBackend(url, password=password, key=key, timeout=timeout, wait=wait))
     previous = active()
     if previous is not None:
         previous.close()

@@ -117,6 +117,30 @@ def test_the_cold_median_is_the_baseline_and_a_fallback_is_a_failure():
     assert "cold median 12.00 s" in table and "published 2.0 MB in 9.0 s" in table
 
 
+def test_together_replicas_miss_only_what_they_claimed():
+    def replica(name, first, remote):
+        return {"name": name, "ok": True, "error": None, "process_s": 20.0, "remote": remote, "output": None,
+                "child": {"first_output_s": first, "median_ms": 2.0}}  # fmt: skip
+
+    claimant = {"hit": 0, "miss": 2, "claimed": 2, "waited": 0, "waited_s": 0.0,
+                "by_cache": {"fx-graph-v1.miss": 1, "fx-graph-v1.claimed": 1}}  # fmt: skip
+    waiter = {"hit": 2, "miss": 0, "claimed": 0, "waited": 1, "waited_s": 9.5, "by_cache": {"fx-graph-v1.hit": 1}}
+    late = {"hit": 0, "miss": 1, "claimed": 0, "waited": 1, "waited_s": 300.0, "by_cache": {"fx-graph-v1.miss": 1}}
+    plan = fleet.plan_from(_args())
+    runs = {"cold": [replica("cold-1", 10.0, {})],
+            "together": [replica("together-1", 12.0, claimant), replica("together-2", 13.0, waiter),
+                         replica("together-3", 20.0, late)]}  # fmt: skip
+    rows, table, failure = fleet.report(plan, runs, None)
+    assert failure == ("together-3: 1 remote FX-graph misses, 0 of them claimed (it compiled what another replica "
+                       "was compiling)")  # fmt: skip
+    value = {(r.variant, r.metric): r.value for r in rows}
+    assert value[("together-2", "remote_waited_s")] == 9.5 and value[("together-1", "remote_claimed")] == 2
+    assert "9.5" in next(line for line in table.splitlines() if line.startswith("together-2"))
+    assert fleet.summary(runs["together"][1]).endswith(
+        "remote hit/miss/refused 2/0/0, waited 9.5 s for another's compile"
+    )
+
+
 def test_a_held_child_answers_each_time_request_with_one_line_until_exit(capsys):
     from fullgraph.deploy import coldstart
 

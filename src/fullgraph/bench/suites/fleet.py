@@ -11,7 +11,9 @@ Variants, each in its own Redis database:
 - `cold`: replicas one after another without the remote cache: the baseline (the median of their first outputs);
 - `sequential`: through the remote caches, one after another: the first compiles and fills the cache, and every
   later replica must have zero remote FX-graph misses (a failure otherwise);
-- `together`: through the remote caches, all at once (reported, not held to zero misses);
+- `together`: through the remote caches, all at once: the first replica to miss an entry claims it and compiles, and
+  the others wait for its entry (`remote_cache(wait=...)`), so a replica misses only what it claimed (a failure
+  otherwise);
 - `published`: one process publishes the precompiled code (`fullgraph.deploy.publish`, what `fullgraph cache warm`
   does), then replicas one after another start from it (`fullgraph.deploy.serve`): no trace, no compile; a replica
   that falls back to compiling is a failure.
@@ -287,6 +289,7 @@ def summary(r: dict[str, Any]) -> str:
     if remote:
         figures.append(
             f"remote hit/miss/refused {remote.get('hit', 0)}/{remote.get('miss', 0)}/{remote.get('refused', 0)}"
+            + (f", waited {remote.get('waited_s', 0):.1f} s for another's compile" if remote.get("waited") else "")
         )
     return f"{r['name']}: " + ", ".join(figures) + (f" ({c['how']})" if c.get("how") else "")
 
@@ -355,9 +358,9 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
                 if c.get(k) is not None:
                     metrics[k] = (c[k], "ms" if k.endswith("_ms") else "" if k == "window_imports" else "s")
             metrics.update({k: (float(v), "") for k, v in counters.items()})
-            metrics.update(
-                {f"remote_{k}": (float(remote[k]), "") for k in ("hit", "miss", "refused", "put") if k in remote}
-            )
+            metrics.update({f"remote_{k}": (float(remote[k]), "s" if k.endswith("_s") else "")
+                            for k in ("hit", "miss", "refused", "put", "claimed", "waited", "waited_s")
+                            if k in remote})  # fmt: skip
             rounds = r.get("rounds_ms") or []
             if rounds:
                 metrics.update(steady_ms=(steady, "ms"), steady_rounds=(float(len(rounds)), ""))
@@ -375,11 +378,16 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
                       **({"rounds_ms": [round(x, 5) for x in rounds]} if rounds else {}),
                       **({"profile_us": profiled} if profiled else {})}  # fmt: skip
             rows += make_rows("fleet", plan.point, r["name"], metrics, params)
-            misses = remote.get("by_cache", {}).get("fx-graph-v1.miss", 0)
+            by_cache = remote.get("by_cache", {})
+            misses = by_cache.get("fx-graph-v1.miss", 0)
             if not r["ok"]:
                 failures.append(f"{r['name']}: {r['error']}")
             elif variant == "sequential" and i and misses:
                 failures.append(f"{r['name']}: {misses} remote FX-graph misses")
+            elif variant == "together" and misses > by_cache.get("fx-graph-v1.claimed", 0):
+                failures.append(f"{r['name']}: {misses} remote FX-graph misses, "
+                                f"{by_cache.get('fx-graph-v1.claimed', 0)} of them claimed (it compiled what another "
+                                "replica was compiling)")  # fmt: skip
             elif variant == "published" and not publisher and not str(c.get("how", "")).startswith("published"):
                 failures.append(f"{r['name']}: not served from the published code ({c.get('how')})")
             status = "ok" if r["ok"] else f"failed: {r['error']}"
@@ -391,9 +399,11 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
                           f"{counters.get('fxgraph_cache_hit', '-')}/{counters.get('fxgraph_cache_miss', '-')}",
                           f"{counters.get('autograd_cache_hit', '-')}/{counters.get('autograd_cache_miss', '-')}",
                           f"{remote.get('hit', '-')}/{remote.get('miss', '-')}/{remote.get('refused', '-')}",
-                          remote.get("put"), err, c.get("code") or "-", c.get("pad") or "-", status])  # fmt: skip
+                          remote.get("put"), remote.get("waited_s") if remote.get("waited") else None, err,
+                          c.get("code") or "-", c.get("pad") or "-", status])  # fmt: skip
     headers = ["replica", "1st output s", "x cold", "steady ms", "x cold", "FX hit/miss", "AOT hit/miss",
-               "remote hit/miss/refused", "remote puts", "rel err vs fp32", "code", "pad", "status"]  # fmt: skip
+               "remote hit/miss/refused", "remote puts", "waited s", "rel err vs fp32", "code", "pad",
+               "status"]  # fmt: skip
     base = f"cold median {cold_first:.2f} s" if cold_first is not None else "no cold replica finished"
     rounds = max((len(r.get("rounds_ms") or []) for done in runs.values() for r in done), default=0)
     how = (f"steady: the median of {rounds} rounds of {plan.reps} calls, the replicas interleaved" if rounds
