@@ -3,7 +3,7 @@
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
 #   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-threads zoo fleet
-#   sweep gemm-gelu lock-bound bisect gpu-tests
+#   sweep gemm-gelu lock-bound percall bisect gpu-tests
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -222,6 +222,10 @@ for step in $steps; do
       redis-server --version || { echo "fleet: no redis-server (carry .gpu)"; continue; }
       $py -m fullgraph bench fleet ${FLEET_ARGS:---replicas 4} --csv "$OUT/fleet_h200.csv" 2>&1 \
         | tee "$OUT/fleet_h200.txt" | grep -v '^\[' | tail -25
+      ;;
+    percall)  # one caller's time per call at small batch, host part apart, and cProfile (benchmarks/percall_probe.py)
+      timeout "${PERCALL_SECONDS:-420}" $py benchmarks/percall_probe.py ${PERCALL_ARGS:-} 2>&1 | grep -v Warning \
+        | tee "$OUT/percall.txt" | grep -v '^ *[0-9]' | tail -40
       ;;
     lock-bound)  # issue 31 at ViT-S/16 b4: ours against plain torch.compile from 1 thread (the most a per-model lock
       # can give); LOCKED=1 adds the locked 4-thread baseline in its own process (it aborted on torch 2.11 twice)
