@@ -228,12 +228,24 @@ for step in $steps; do
         | tee "$OUT/percall.txt" | grep -v '^ *[0-9]' | tail -40
       ;;
     lock-bound)  # issue 31 at ViT-S/16 b4: ours against plain torch.compile from 1 thread (the most a per-model lock
-      # can give); LOCKED=1 adds the locked 4-thread baseline in its own process (it aborted on torch 2.11 twice)
+      # can give; plain runs under torch.no_grad since the twenty-fourth session), then the GIL-released package
+      # against itself behind one lock (nogil,nogil-locked, 2 runners, 1 and 4 threads, taking turns; the package
+      # exported into LOAD_PACKAGES unless the load step left it there); LOCKED=1 adds the locked 4-thread baseline
+      # in its own process (it aborted on torch 2.11 twice)
       for model in ${LOAD_MODELS:-vit_s16_b4}; do
-        t=benchmarks/targets/serve.py:$model
+        t=benchmarks/targets/serve.py:$model pkg=${LOAD_PACKAGES:-out/load-packages}/$model.pt2
         echo "--- $model lock bound: compiled,plain 1 thread $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
         timeout 150 $py -m fullgraph bench load "$t" --callable compiled,plain --threads 1 --seconds "${LOAD_SECONDS:-10}" \
           --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" | grep -v '^\[' | tail -12
+        if [ ! -s "$pkg" ]; then
+          mkdir -p "$(dirname "$pkg")"
+          echo "--- $model: export $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
+          $py -m fullgraph export "$t" --preset perception --no-check -o "$pkg" 2>&1 | tail -3
+        fi
+        echo "--- $model lock bound: nogil,nogil-locked $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
+        timeout 150 $py -m fullgraph bench load "$pkg" --callable nogil,nogil-locked --runners 2 --threads 1,4 \
+          --seconds "${LOAD_SECONDS:-10}" --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" \
+          | grep -v '^\[' | tail -12
         [ "${LOCKED:-0}" = 1 ] || continue
         echo "--- $model locked, 4 threads $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
         timeout 120 $py -m fullgraph bench load "$t" --callable locked --threads 4 --seconds "${LOAD_SECONDS:-10}" \

@@ -175,7 +175,7 @@ SUITES = {
                 {
                     "help": "what wraps the model, or several in turn (comma-separated): compiled (default), "
                     "bucketed, precompiled, package (the default for a .pt2), serial, owner, nogil (a package with "
-                    "the GIL released), plain (torch.compile), locked or eager"
+                    "the GIL released; nogil-locked: behind one lock), plain (torch.compile), locked or eager"
                 },
             ),
             ("--package", {"metavar": "FILE.pt2", "help": "the package for --callable package (default: exported)"}),
@@ -387,7 +387,8 @@ def _load_sources(args):
             loaded = deploy.load(path, **options)
         if options.get("release_gil") and not loaded.gil_released:  # nogil measured as the GIL held: refused
             why = next((str(w.message) for w in said if "release_gil" in str(w.message)), "")
-            raise UsageError(f"--callable nogil or nogil-serial: {why or 'the package runs through torch loader'}")
+            raise UsageError(f"--callable nogil, nogil-serial or nogil-locked: "
+                             f"{why or 'the package runs through torch loader'}")  # fmt: skip
         for w in said:  # the rest, as they would have been shown
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         device = torch.device(loaded.metadata.get("AOTI_DEVICE_KEY") or "cpu")

@@ -293,6 +293,29 @@ def test_serial_opens_the_package_again_single_threaded(tmp_path):
     assert opened == [("model.pt2", pooled), ("model.pt2", {**pooled, "serial": True})]
 
 
+def test_nogil_locked_is_the_nogil_load_behind_one_lock_copying_out(tmp_path):
+    # the floor a GIL-released package's many callers must not fall below: the same load behind one lock
+    opened = []
+    out = torch.zeros(3)
+
+    def open_package(path, specs, **options):
+        opened.append(options)
+        return (lambda x: out.add_(x)), None  # writes into one buffer: only a copy inside the lock keeps it
+
+    sources = suite.Sources(None, open_package, None, None, None, lambda msg: None)
+    plan = suite.Plan(target="m.pt2", kinds=("nogil", "nogil-locked"), threads=(1, 4), seconds=1.0, cold=False,
+                      preset="dev", cuda_graphs=False, device="cpu", runners=2)  # fmt: skip
+    fn = suite.opener(plan, "nogil-locked", object(), ((), {}), sources, "")()
+    assert opened == [{"cuda_graphs": False, "runners": 2, "release_gil": True}]
+    first = fn(torch.ones(3))
+    fn(torch.ones(3))
+    assert first.tolist() == [1.0, 1.0, 1.0] and out.tolist() == [2.0, 2.0, 2.0]  # its own copy
+    assert plan.label("nogil-locked") == "package, GIL released, locked, 2 runners"
+    with pytest.raises(suite.UsageError, match="--cuda-graphs with --callable serial, owner or nogil"):
+        suite.Plan(target="m.pt2", kinds=("package", "nogil-locked"), threads=(1,), seconds=1.0, cold=False,
+                   preset="dev", cuda_graphs=True, device="cpu")  # fmt: skip
+
+
 def test_owner_hands_the_package_runtimes_calls_to_one_thread_of_its_own():
     ran_on = []
 

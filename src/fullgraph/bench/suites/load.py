@@ -70,6 +70,8 @@ KINDS = {
     "nogil": "that package run through its library's C interface with the GIL released during each run "
     "(fullgraph.deploy.load(..., release_gil=True)); with --runners",
     "nogil-serial": "serial with the GIL released during each run (load(..., serial=True, release_gil=True))",
+    "nogil-locked": "nogil behind one lock, its outputs cloned inside it: the floor nogil's many callers must not fall "
+    "below",
     "owner": "that package as `package` runs it (the runtime's pool), every call handed to one thread of its own "
     "(fullgraph.serving.OwnerThread around the loaded package)",
     "plain": "torch.compile(model, mode=the preset's mode), called under torch.no_grad(), for comparison",
@@ -78,7 +80,8 @@ KINDS = {
     "eager": "the TARGET's model as it is (or the callable it returns: your own wrapper), under torch.no_grad()",
 }
 # the kinds that load a package (exported here for a Python TARGET)
-PACKAGE_LOADS = ("package", "serial", "owner", "nogil", "nogil-serial")
+PACKAGE_LOADS = ("package", "serial", "owner", "nogil", "nogil-serial", "nogil-locked")
+NOGIL = {"nogil", "nogil-locked"}  # the pool run with the GIL released: --runners applies
 SERIAL = {"serial", "nogil-serial"}  # one model instance by design: no --runners
 PACKAGE_KINDS = {*PACKAGE_LOADS, "locked"}  # what a .pt2 TARGET runs as
 INPUT_SETS = 8
@@ -142,11 +145,11 @@ class Plan:
                              f"lock), not {','.join(self.kinds)}")  # fmt: skip
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
-        if self.cuda_graphs and {"serial", "owner", "nogil", "nogil-serial"} & set(self.kinds):
+        if self.cuda_graphs and {"serial", "owner", "nogil", "nogil-serial", "nogil-locked"} & set(self.kinds):
             raise UsageError("--cuda-graphs with --callable serial, owner or nogil: a replayed package runs behind its "
                              "lock; compare them as two runs")  # fmt: skip
         if self.runners != 1 and (
-            not {"package", "nogil"} & set(self.kinds) or self.cuda_graphs or SERIAL & set(self.kinds)
+            not {"package", *NOGIL} & set(self.kinds) or self.cuda_graphs or SERIAL & set(self.kinds)
         ):
             raise UsageError(f"--runners {self.runners}: a package's model instances, for --callable package or nogil "
                              "without --cuda-graphs, and not beside serial (one instance by design)")  # fmt: skip
@@ -179,6 +182,8 @@ class Plan:
             "nogil-serial": "package, serial, GIL released",
             "owner": "package, owner thread",
             "nogil": "package, GIL released" + (f", {self.runners} runners" if self.runners != 1 else ""),
+            "nogil-locked": "package, GIL released, locked"
+            + (f", {self.runners} runners" if self.runners != 1 else ""),
             "locked": "package, locked"
             if self.target.endswith(".pt2")
             else f"torch.compile {self.mode or 'default'}, locked",
@@ -249,8 +254,9 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         first = iter([model] if kind == plan.kinds[0] else [])
 
         def package() -> Callable:
-            if kind in (*SERIAL, "nogil"):  # its own load: the runtime opened single-threaded, or called directly
-                return sources.open_package(plan.target, (), **{**plan.package_options, **_own_load(kind)})[0]
+            if kind in (*SERIAL, *NOGIL):  # its own load: the runtime opened single-threaded, or called directly
+                opened = sources.open_package(plan.target, (), **{**plan.package_options, **_own_load(kind)})[0]
+                return _locked(opened) if kind == "nogil-locked" else opened
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
             return _locked(loaded) if kind == "locked" else _owned(plan, loaded) if kind == "owner" else loaded
 
@@ -278,12 +284,15 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
             path = sources.export(model, x[0], path, preset=plan.preset)
     if kind == "owner":
         return lambda: _owned(plan, sources.open_package(path, (), **plan.package_options)[0])
-    return lambda: sources.open_package(path, (), **{**plan.package_options, **_own_load(kind)})[0]
+    own = {**plan.package_options, **_own_load(kind)}
+    if kind == "nogil-locked":
+        return lambda: _locked(sources.open_package(path, (), **own)[0])
+    return lambda: sources.open_package(path, (), **own)[0]
 
 
 def _own_load(kind: str) -> dict[str, bool]:
     """What `fullgraph.deploy.load` takes besides the plan's package options for a package kind."""
-    return {"serial": {"serial": True}, "nogil": {"release_gil": True},
+    return {"serial": {"serial": True}, "nogil": {"release_gil": True}, "nogil-locked": {"release_gil": True},
             "nogil-serial": {"serial": True, "release_gil": True}}.get(kind, {})  # fmt: skip
 
 
