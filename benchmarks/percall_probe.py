@@ -6,7 +6,8 @@ server's single caller sees it), the host part apart (the call's return, before 
 
 - `eager`: the model under `torch.no_grad()`;
 - `plain RO`: `torch.compile(m, mode="reduce-overhead")` under `torch.no_grad()` (torch's CUDA-graph trees, Dynamo's
-  guards and AOTAutograd's runtime wrappers at every call);
+  guards and AOTAutograd's runtime wrappers at every call); `plain RO, no trees`: the same with Inductor's
+  `triton.cudagraph_trees` off (its older wrapper: a graph per input shape, no shared pool);
 - `compiled`: `fullgraph.compile(m, "perception")` (the same, plus fullgraph's guard, checks and copy-out);
 - `borrow`: its `borrow()` (no copy);
 - `inner`: its compiled function called directly under `torch.no_grad()` (what fullgraph's wrapper adds, by
@@ -84,6 +85,9 @@ def variants(model: torch.nn.Module, xs: tuple, small: bool, work: str) -> dict:
 
     found["eager"] = no_grad(eager)
     found["plain RO"] = no_grad(plain)
+    if not small:  # torch's older CUDA-graph wrapper: one graph per input shape, no trees
+        flat = torch.compile(copy.deepcopy(model), options={"triton.cudagraphs": True, "triton.cudagraph_trees": False})
+        found["plain RO, no trees"] = no_grad(flat)
     found["compiled"] = lambda: cm(*xs)
     found["borrow"] = borrowed
     found["inner"] = no_grad(inner)
