@@ -380,7 +380,8 @@ def _release_at_compile_end(backend: SignedRedisBackend) -> None:
         from torch._dynamo.callback import callback_handler
     except ImportError:
         return
-    if not hasattr(callback_handler, "register_end_callback"):
+    registered = getattr(callback_handler, "end_callbacks", None)
+    if registered is None or not hasattr(callback_handler, "register_end_callback"):
         return
     if backend._on_end is None:
         ref = weakref.ref(backend)
@@ -392,7 +393,7 @@ def _release_at_compile_end(backend: SignedRedisBackend) -> None:
                     found.release_all()
 
         backend._on_end = ended
-    if backend._on_end not in callback_handler.end_callbacks:
+    if backend._on_end not in registered:
         callback_handler.register_end_callback(backend._on_end)
 
 
