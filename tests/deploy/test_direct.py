@@ -155,7 +155,9 @@ def test_bench_load_refuses_to_time_nogil_where_the_gil_stays_held(mlp_package, 
     argv = ["bench", "load", str(path), "--callable", "nogil", "--device", "cpu", "--threads", "1", "--seconds", "0.2"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("fullgraph bench: error: --callable nogil or nogil-serial: release_gil=True: ")
+    assert err[-1].startswith(
+        "fullgraph bench: error: --callable nogil, nogil-serial or nogil-locked: release_gil=True: "
+    )
     assert err[-1].endswith("runs through torch's loader, which holds the GIL: its weights are stored beside it")
 
 
