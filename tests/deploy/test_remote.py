@@ -335,6 +335,13 @@ def test_environment_variables_and_url_password(monkeypatch):
         assert fleet.url == "rediss://cache.example:6380/2"
         kwargs = fleet.backend._client.connection_pool.connection_kwargs
         assert kwargs["password"] == "secret" and kwargs["socket_timeout"] == 1.0
+        assert fleet.backend.wait == remote.DEFAULT_WAIT_S
+    monkeypatch.setenv("FULLGRAPH_REMOTE_CACHE_WAIT", "45")
+    with remote_cache() as fleet:
+        assert fleet.backend.wait == 45.0
+    monkeypatch.setenv("FULLGRAPH_REMOTE_CACHE_WAIT", "soon")
+    with pytest.raises(UsageError, match="FULLGRAPH_REMOTE_CACHE_WAIT='soon': give seconds"):
+        remote_cache()
 
 
 def test_missing_client_is_one_line(monkeypatch):

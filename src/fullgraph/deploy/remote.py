@@ -56,6 +56,7 @@ from fullgraph.errors import UsageError
 
 ENV_URL = "FULLGRAPH_REMOTE_CACHE"
 ENV_KEY = "FULLGRAPH_REMOTE_CACHE_KEY"
+ENV_WAIT = "FULLGRAPH_REMOTE_CACHE_WAIT"  # seconds, as remote_cache(wait=...)
 DEFAULT_TIMEOUT_S = 1.0
 # Compile once per fleet: a replica that misses an FX-graph or AOTAutograd entry claims it (a lease in Redis) and
 # compiles; a replica that misses an entry another has claimed waits for it (at most DEFAULT_WAIT_S) instead of
@@ -476,17 +477,18 @@ _active_lock = threading.Lock()
 
 
 def remote_cache(url: str | None = None, *, password: str | None = None, key: str | bytes | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S, wait: float = DEFAULT_WAIT_S) -> FleetCache:  # fmt: skip
+                 timeout: float = DEFAULT_TIMEOUT_S, wait: float | None = None) -> FleetCache:  # fmt: skip
     """Turn on torch's remote FX-graph and AOTAutograd caches (and autotuning on a GPU) on Redis for this process.
 
     `url`: redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (TLS); default FULLGRAPH_REMOTE_CACHE. `password`: Redis'
     (required). `key`: the signing key, the same on every replica; default FULLGRAPH_REMOTE_CACHE_KEY. `timeout`:
     seconds to connect and per reply (default 1). `wait`: the longest this process waits for an FX-graph or
     AOTAutograd entry that another replica is compiling (it claimed the entry first) rather than compile it too
-    (default 300 s; 0: never wait). Process-wide (torch's hook is): a second call replaces the first. Nothing is
-    contacted until the first compile asks."""
+    (default FULLGRAPH_REMOTE_CACHE_WAIT, else 300 s; 0: never wait). Process-wide (torch's hook is): a second
+    call replaces the first. Nothing is contacted until the first compile asks."""
     global _active
     url = redis_url(url, "remote_cache: give the Redis URL")
+    wait = _wait_from_env() if wait is None else wait
     fleet = FleetCache(SignedRedisBackend(url, password=password, key=key, timeout=timeout, wait=wait))
     previous = active()
     if previous is not None:
@@ -495,6 +497,16 @@ def remote_cache(url: str | None = None, *, password: str | None = None, key: st
         fleet._open(gpu=torch.cuda.is_available())
         _active = fleet
     return fleet
+
+
+def _wait_from_env() -> float:
+    text = os.environ.get(ENV_WAIT)
+    if not text:
+        return DEFAULT_WAIT_S
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{ENV_WAIT}={text!r}: give seconds, e.g. 300 (0: never wait for another replica)") from None
 
 
 def active() -> FleetCache | None:
