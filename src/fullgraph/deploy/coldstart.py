@@ -369,7 +369,12 @@ def code_fingerprint() -> str | None:
                 continue
             seen.add(id(value))
             chosen.add(f"{name}:{';'.join(str(getattr(launcher, 'config', '?')) for launcher in launchers)}")
-    return "/".join(hashlib.sha256("\n".join(sorted(part)).encode()).hexdigest()[:8] for part in (names, chosen))
+    return f"{_digest(names)}/{_digest(chosen)}"
+
+
+def _digest(lines: Iterable[str]) -> str:
+    """8 hex digits over `lines`, whatever their order."""
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:8]
 
 
 def pad_decisions() -> str | None:
@@ -385,9 +390,8 @@ def pad_decisions() -> str | None:
     decided = {k: v for k, v in (cache or {}).items() if isinstance(v, bool)}
     if not decided:
         return None
-    padded = sorted(k for k, v in decided.items() if v)
-    which = hashlib.sha256("\n".join(padded).encode()).hexdigest()[:8]
-    return f"{len(padded)}/{len(decided)} {which}"
+    padded = [k for k, v in decided.items() if v]
+    return f"{len(padded)}/{len(decided)} {_digest(padded)}"
 
 
 def _hold(steady: Timer, lines: Iterable[str]) -> None:

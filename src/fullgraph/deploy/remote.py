@@ -337,7 +337,7 @@ class SignedRedisBackend:
             self._release(key)
 
     def _renew_in_background(self) -> None:
-        with self._lock:
+        with self._lock:  # a renewer that ends clears `_renewer` under this lock first (`_renew_once`)
             if self._renewer is not None and self._renewer.is_alive():
                 return
             self._renewer = threading.Thread(target=_renew, args=(weakref.ref(self),), daemon=True,
@@ -345,7 +345,8 @@ class SignedRedisBackend:
             self._renewer.start()
 
     def _renew_once(self) -> bool:
-        """Renew the claims younger than `wait`, drop the older ones; whether any is left."""
+        """Renew the claims younger than `wait`, drop the older ones; whether the renewer goes on. It stops, clearing
+        `_renewer` under the lock, only when no claim is left then, so a claim made meanwhile starts a new one."""
         now = time.monotonic()
         with self._lock:
             old = [k for k, t in self._held.items() if now - t >= self.wait]
@@ -358,8 +359,12 @@ class SignedRedisBackend:
             if self._off or not self._call(renew)[0]:  # Redis is off: the claims lapse by themselves
                 with self._lock:
                     self._held.clear()
-                return False
-        return bool(live)
+                break
+        with self._lock:
+            if self._held:
+                return True
+            self._renewer = None
+            return False
 
 
 def _renew(backend: weakref.ref) -> None:
@@ -369,7 +374,7 @@ def _renew(backend: weakref.ref) -> None:
         found = backend()
         if found is None or not found._renew_once():
             return
-        del found
+        del found  # no reference held while asleep: the backend can be collected
 
 
 def _release_at_compile_end(backend: SignedRedisBackend) -> None:

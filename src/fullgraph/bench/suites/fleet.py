@@ -379,15 +379,14 @@ def report(plan: Plan, runs: dict[str, list[dict[str, Any]]], expected) -> tuple
                       **({"profile_us": profiled} if profiled else {})}  # fmt: skip
             rows += make_rows("fleet", plan.point, r["name"], metrics, params)
             by_cache = remote.get("by_cache", {})
-            misses = by_cache.get("fx-graph-v1.miss", 0)
+            misses, claimed = by_cache.get("fx-graph-v1.miss", 0), by_cache.get("fx-graph-v1.claimed", 0)
             if not r["ok"]:
                 failures.append(f"{r['name']}: {r['error']}")
             elif variant == "sequential" and i and misses:
                 failures.append(f"{r['name']}: {misses} remote FX-graph misses")
-            elif variant == "together" and misses > by_cache.get("fx-graph-v1.claimed", 0):
-                failures.append(f"{r['name']}: {misses} remote FX-graph misses, "
-                                f"{by_cache.get('fx-graph-v1.claimed', 0)} of them claimed (it compiled what another "
-                                "replica was compiling)")  # fmt: skip
+            elif variant == "together" and misses > claimed:
+                failures.append(f"{r['name']}: {misses} remote FX-graph misses, {claimed} of them claimed (it "
+                                "compiled what another replica was compiling)")  # fmt: skip
             elif variant == "published" and not publisher and not str(c.get("how", "")).startswith("published"):
                 failures.append(f"{r['name']}: not served from the published code ({c.get('how')})")
             status = "ok" if r["ok"] else f"failed: {r['error']}"

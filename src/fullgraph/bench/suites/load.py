@@ -145,7 +145,7 @@ class Plan:
                              f"lock), not {','.join(self.kinds)}")  # fmt: skip
         if self.cuda_graphs and "package" not in self.kinds:
             raise UsageError("--cuda-graphs replays a package's calls: it goes with --callable package")
-        if self.cuda_graphs and {"serial", "owner", "nogil", "nogil-serial", "nogil-locked"} & set(self.kinds):
+        if self.cuda_graphs and (set(PACKAGE_LOADS) - {"package"}) & set(self.kinds):
             raise UsageError("--cuda-graphs with --callable serial, owner or nogil: a replayed package runs behind its "
                              "lock; compare them as two runs")  # fmt: skip
         if self.runners != 1 and (
