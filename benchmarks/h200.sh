@@ -231,11 +231,11 @@ for step in $steps; do
       # can give; plain runs under torch.no_grad since the twenty-fourth session), then the GIL-released package
       # against itself behind one lock (nogil,nogil-locked, 2 runners, 1 and 4 threads, taking turns; the package
       # exported into LOAD_PACKAGES unless the load step left it there); LOCKED=1 adds the locked 4-thread baseline
-      # in its own process (it aborted on torch 2.11 twice)
+      # in its own process (it aborted on torch 2.11 twice); LOCKBOUND_PLAIN=0 skips the compiled,plain row
       for model in ${LOAD_MODELS:-vit_s16_b4}; do
         t=benchmarks/targets/serve.py:$model pkg=${LOAD_PACKAGES:-out/load-packages}/$model.pt2
-        echo "--- $model lock bound: compiled,plain 1 thread $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
-        timeout 150 $py -m fullgraph bench load "$t" --callable compiled,plain --threads 1 --seconds "${LOAD_SECONDS:-10}" \
+        [ "${LOCKBOUND_PLAIN:-1}" = 1 ] && echo "--- $model lock bound: compiled,plain 1 thread $(date -u +%H:%M:%S)" \
+          | tee -a "$OUT/load_lockbound.txt" && timeout 150 $py -m fullgraph bench load "$t" --callable compiled,plain --threads 1 --seconds "${LOAD_SECONDS:-10}" \
           --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" | grep -v '^\[' | tail -12
         if [ ! -s "$pkg" ]; then
           mkdir -p "$(dirname "$pkg")"

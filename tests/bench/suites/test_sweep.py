@@ -172,6 +172,27 @@ def test_prewarm_under_a_deadline_compiles_and_times_in_batches_that_fit(monkeyp
     assert f"2 point(s) not started; run them with --only '{labels[4]},{labels[5]}'" in err
 
 
+def test_a_batch_stops_at_a_point_that_would_end_past_the_deadline(monkeypatch, capsys):
+    """The batch fit by the mean point, but its second point ran long: its third is not started (the H100 run of
+    2026-12-06 started a 3072-wide point at 469 s under a 450 s deadline, and the device call ended inside it)."""
+    clock, ran = [0.0], []
+    monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sweep, "prewarm", lambda points, args, jobs: clock.__setitem__(0, clock[0] + 30.0))
+
+    def point(p, args):  # 20 s, then 150 s
+        ran.append(p.label)
+        clock[0] += 20.0 if len(ran) == 1 else 150.0
+        return []
+
+    monkeypatch.setattr(sweep, "run_point", point)
+    args = argparse.Namespace(from_csv=None, modes="default", only="dit 1152x16", small=False, deadline=250.0,
+                              write_decisions=None, prewarm=3)  # fmt: skip
+    sweep.run(args)
+    labels = [p.label for p in sweep.grid(False, ("default",)) if "dit 1152x16" in p.label]
+    assert ran == labels[:2]  # at 200 s, a third at the mean of 100 s would end at 300 s
+    assert f"1 point(s) not started; run them with --only '{labels[2]}'" in capsys.readouterr().err
+
+
 def test_every_sweep_config_has_an_h200_entry():
     """Every DiT point of the grid, in each mode, has a close committed H200 point for every decided op. Skipped,
     listing what is missing, until the H200 sweep's decisions are committed (issue 32, item 2)."""

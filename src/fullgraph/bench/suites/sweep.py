@@ -106,24 +106,39 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
     # batch starts (a prewarm of the whole grid alone took longer than one device call: 24 of 54 points warmed in
     # 232 s, H100); a batch starts only if the mean point so far, its compile included, says it ends in time.
     # Without a deadline the prewarm compiles every point at once first; without a prewarm a batch is one point.
+    # A point inside a batch is checked too: a batch's later points can be larger than the mean (a 3072-wide point
+    # ran 50-70 s where the mean was 30 s), and one started past the deadline outlived the device call (H100,
+    # 2026-12-06).
     size = (jobs if deadline is not None else len(points)) if jobs else 1
     start = time.monotonic()
+
+    def out_of_time(done: int, upcoming: int) -> bool:
+        elapsed = time.monotonic() - start
+        if not done or deadline is None or elapsed + elapsed / done * upcoming <= deadline:
+            return False
+        rest = ",".join(q.label for q in points[done:])
+        print(f"sweep: --deadline {args.deadline:.0f} s: {len(points) - done} point(s) not started; run them with "
+              f"--only '{rest}'", file=sys.stderr, flush=True)  # fmt: skip
+        return True
+
     for b in range(0, len(points), size):
-        batch, elapsed = points[b : b + size], time.monotonic() - start
-        if b and deadline is not None and elapsed + elapsed / b * len(batch) > deadline:
-            rest = ",".join(q.label for q in points[b:])
-            print(f"sweep: --deadline {args.deadline:.0f} s: {len(points) - b} point(s) not started; run them with "
-                  f"--only '{rest}'", file=sys.stderr, flush=True)  # fmt: skip
+        batch = points[b : b + size]
+        if out_of_time(b, len(batch)):
             break
         if jobs:
             prewarm(batch, args, jobs)
         for i, p in enumerate(batch, b):
+            if i > b and out_of_time(i, 1):
+                break
             print(f"[{time.monotonic() - start:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr,
                   flush=True)  # fmt: skip
             done = run_point(p, args)
             rows += done
             if save is not None:
                 save(done)
+        else:
+            continue
+        break
     if args.write_decisions:
         write_decisions(args.write_decisions, rows)
     return rows, summary(rows)
