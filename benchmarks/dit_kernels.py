@@ -9,8 +9,14 @@ Variants (same weights, torch.compile(fullgraph=True), default mode):
                   to see whether our float32 elementwise math costs anything inside the graph
   auto            DiT with every op's policy auto (what `bench dit` calls "ours, auto")
 
+Issue 32 ("all native within 1% of the plain twin"): the sweep's points are DiT stacks of depth 4 by (dim, heads),
+batch and tokens; `--shape 1536x24:8:256` selects one (DIMxHEADS:BATCH:TOKENS; the default is the dit_3072 stack at
+batch 1 and --tokens), and each variant's line gives its kernel launches per call beside its median, so where
+ours-native loses to plain (0.967x at 1536x24 b8 n256 under reduce-overhead, H100) the table shows the kernels it
+runs that plain does not.
+
 Run: PYTHONPATH=src python benchmarks/dit_kernels.py [--tokens 1024] [--top 25] [--variants plain,auto]
-     [--mode reduce-overhead]
+     [--mode reduce-overhead] [--shape 1536x24:8:256] [--by diff]
 """
 
 from __future__ import annotations
@@ -55,9 +61,9 @@ def low_precision_elementwise():
         mod.modulate_native, mod.gated_residual_native, rope.rope_native = saved
 
 
-def twins(tokens: int, device: str, **overrides):
-    """(ours, plain, x, c): the dit_3072 stack (1-D RoPE) with random weights and its plain twin loaded from it,
-    both bf16 on `device`, and one batch of inputs."""
+def twins(tokens: int, device: str, batch: int = 1, **overrides):
+    """(ours, plain, x, c): the dit_3072 stack (1-D RoPE; `overrides` replace its fields) with random weights and
+    its plain twin loaded from it, both bf16 on `device`, and one batch of `batch` inputs."""
     cfg = D.config("dit_3072", rope="1d", max_tokens=tokens, **overrides)
     torch.manual_seed(0)
     ours = D.DiT(cfg).eval()
@@ -67,8 +73,8 @@ def twins(tokens: int, device: str, **overrides):
     plain = D.PlainDiT(cfg).eval()
     plain.load_state_dict(ours.state_dict())
     ours, plain = ours.to(device, torch.bfloat16), plain.to(device, torch.bfloat16)
-    x = torch.randn(1, tokens, cfg.dim, device=device, dtype=torch.bfloat16)
-    c = torch.randn(1, cfg.dim, device=device, dtype=torch.bfloat16)
+    x = torch.randn(batch, tokens, cfg.dim, device=device, dtype=torch.bfloat16)
+    c = torch.randn(batch, cfg.dim, device=device, dtype=torch.bfloat16)
     return ours, plain, x, c
 
 
@@ -78,11 +84,30 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--variants", default="plain,native,native-lowp,auto", help="comma-separated, of those above")
     parser.add_argument("--mode", default="default", help="torch.compile mode (default, reduce-overhead, ...)")
+    parser.add_argument(
+        "--by",
+        choices=("time", "diff"),
+        default="time",
+        help="order the kernels by their longest time, or by the spread between the variants",
+    )
+    parser.add_argument("--shape", help="DIMxHEADS:BATCH:TOKENS, a sweep point at depth 4 (e.g. 1536x24:8:256)")
     parser.add_argument("--small", action="store_true", help="a 2-block dim-128 stack (a CPU check of this script)")
     args = parser.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    small = {"dim": 128, "heads": 2, "depth": 2} if args.small else {}
-    ours, plain, x, c = twins(args.tokens, dev, **small)
+    shape, batch, tokens = {"dim": 128, "heads": 2, "depth": 2} if args.small else {}, 1, args.tokens
+    if args.shape:
+        try:
+            dims, b, n = args.shape.split(":")
+            dim, heads = (int(v) for v in dims.split("x"))
+            batch, tokens = int(b), int(n)
+        except ValueError:
+            parser.error(f"--shape {args.shape!r}: write DIMxHEADS:BATCH:TOKENS, e.g. 1536x24:8:256")
+        shape = {"dim": dim, "heads": heads, "depth": 4}
+    ours, plain, x, c = twins(tokens, dev, batch, **shape)
+    print(
+        f"# {args.shape or ('small' if args.small else 'dit_3072') + f' b1 n{tokens}'}, mode {args.mode}, {dev}"
+        f"{' ' + torch.cuda.get_device_name() if dev == 'cuda' else ''}, torch {torch.__version__}"
+    )
     known = {"plain": plain, "native": ours, "native-lowp": ours, "auto": ours}
     wanted = args.variants.split(",")
     if unknown := [v for v in wanted if v not in known]:
@@ -108,14 +133,16 @@ def main() -> int:
     for name, fn in fns.items():
         b = bd.profile_breakdown(fn, device=dev, label=name, calls=10, dtype=torch.bfloat16)
         tables[name] = {(k.name[:90], k.source[:50]): (k.ms * 1e3, k.calls) for k in b.top}
+        launches = sum(k.calls for k in b.top)
         print(f"{name:12} median {sorted(medians[name])[2]:.3f} ms; kernel time {b.kernel_ms:.3f} ms; "
-              + ", ".join(f"{cl.name} {cl.ms:.3f}" for cl in b.classes))  # fmt: skip
+              f"{launches} launches; " + ", ".join(f"{cl.name} {cl.ms:.3f}" for cl in b.classes))  # fmt: skip
     names = list(fns)
 
-    def slowest(k):
-        return -max(t.get(k, (0, 0))[0] for t in tables.values())
+    def order(k):
+        us = [t.get(k, (0, 0))[0] for t in tables.values()]
+        return -(max(us) - min(us)) if args.by == "diff" else -max(us)
 
-    keys = sorted({k for t in tables.values() for k in t}, key=slowest)
+    keys = sorted({k for t in tables.values() for k in t}, key=order)
     print(f"\n{'kernel':90} {'source':50} " + " ".join(f"{n + ' us (n)':>18}" for n in names))
     for k in keys[: args.top]:
         cells = " ".join(f"{tables[n].get(k, (0, 0))[0]:10.1f} ({tables[n].get(k, (0, 0))[1]:3d})  " for n in names)

@@ -3,7 +3,7 @@
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
 #   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-threads zoo fleet
-#   sweep gemm-gelu lock-bound percall bisect gpu-tests
+#   sweep gemm-gelu lock-bound percall bisect gpu-tests native-gap
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -200,6 +200,18 @@ for step in $steps; do
       $py benchmarks/tune_gemm_gelu.py ${GEMM_GELU_ARGS:-} --csv "$OUT/tune_gemm_gelu_h200.csv" \
         --write-decisions "$OUT/decisions_gemm_gelu.json" 2>&1 \
         | tee "$OUT/tune_gemm_gelu_h200.txt" | tail -40
+      ;;
+    native-gap)  # issue 32, item 3: where ours with every op native loses to the plain twin, kernel by kernel
+      # (benchmarks/dit_kernels.py --by diff; GAP_SHAPES, GAP_MODES; the losses of the H100 sweep of 2026-12-06 by
+      # default: 1536x24 b8 n256 0.967x, 1152x16 b2 n1024 0.970x, 1280x16 b2 n1024 0.971x under reduce-overhead)
+      for mode in ${GAP_MODES:-reduce-overhead}; do
+        for shape in ${GAP_SHAPES:-1536x24:8:256 1152x16:2:1024 1280x16:2:1024}; do
+          echo "--- $shape $mode $(date -u +%H:%M:%S)" | tee -a "$OUT/native_gap.txt"
+          timeout "${GAP_SECONDS:-150}" $py benchmarks/dit_kernels.py --shape "$shape" --mode "$mode" \
+            --variants plain,native --by diff --top 30 2>&1 | grep -v Warning | tee -a "$OUT/native_gap.txt" \
+            | grep -E "^(# |plain |native )"
+        done
+      done
       ;;
     sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point,
       # each point compiled first by 8 processes at once (--prewarm), then timed alone from Inductor's warm cache.
