@@ -1,22 +1,17 @@
 """benchmarks/dit_kernels.py on the CPU: a sweep point by --shape (batch, tokens and the stack's dim and heads reach
 the models), each variant's launches per call, the kernels ordered by their spread, and a bad --shape refused."""
 
-import importlib.util
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def dk():
-    spec = importlib.util.spec_from_file_location("dit_kernels", BENCHMARKS / "dit_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dit_kernels")
 
 
 def test_twins_take_the_sweep_points_shape_and_share_weights(dk):

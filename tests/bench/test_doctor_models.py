@@ -1,24 +1,19 @@
 """benchmarks/doctor_models.py without a GPU: the set issue 34 asks for, the parts it is split into (one device call
 each), and the parts' CSVs read back into one table with the failed checks in bold."""
 
-import importlib.util
 import itertools
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def dm():
     path = list(sys.path)
-    spec = importlib.util.spec_from_file_location("doctor_models", BENCHMARKS / "doctor_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # puts the repository and benchmarks/ on sys.path, for doctor_cases
-    yield module
+    yield load_script("doctor_models")  # puts the repository and benchmarks/ on sys.path, for doctor_cases
     sys.path[:] = path
     sys.modules.pop("doctor_cases", None)
 

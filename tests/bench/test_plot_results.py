@@ -1,22 +1,15 @@
-import importlib.util
 import random
 import sys
-from pathlib import Path
 
 import pytest
 
 from fullgraph.bench.results import append_csv, make_rows
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "plot_results.py"
+from tests.bench.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def plot():
-    spec = importlib.util.spec_from_file_location("plot_results", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plot_results"] = module  # its dataclass looks its module up while the class is built
-    spec.loader.exec_module(module)
-    yield module
+    yield load_script("plot_results", register=True)
     del sys.modules["plot_results"]
 
 

@@ -1,23 +1,17 @@
 """benchmarks/tune_gemm_gelu.py without a GPU: the tile per row count, the CONFIGS table it prints, and the decision
 points it writes, read back as `auto` of the gelu_epilogue rewrite reads them (op linear_gelu_erf)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from fullgraph.ops import measured
+from tests.bench.scripts import load_script
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 A, B = (64, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 3)
 
 
 @pytest.fixture(scope="module")
 def tg():
-    spec = importlib.util.spec_from_file_location("tune_gemm_gelu", BENCHMARKS / "tune_gemm_gelu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tune_gemm_gelu")
 
 
 def timings(tg, native: float, a: float, b: float) -> dict:
