@@ -222,6 +222,14 @@ SUITES = {
             ("--write-decisions", {"metavar": "FILE", "help": "write the DiT points' per-op decision data here"}),
             ("--small", {"action": "store_true", "help": "one tiny DiT and one tiny ViT point (a CPU smoke run)"}),
             (
+                "--verify",
+                {
+                    "action": "store_true",
+                    "help": "DiT points time only plain, plain again, ours auto and all native (the verdict), not "
+                    "the one-kernel variants the decisions are written from: 4 compiles a point instead of 7",
+                },
+            ),
+            (
                 "--deadline",
                 {
                     "type": float,

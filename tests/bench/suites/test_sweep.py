@@ -193,6 +193,23 @@ def test_a_batch_stops_at_a_point_that_would_end_past_the_deadline(monkeypatch, 
     assert f"1 point(s) not started; run them with --only '{labels[2]}'" in capsys.readouterr().err
 
 
+def test_verify_times_no_one_kernel_variant_and_writes_no_decisions(monkeypatch):
+    from fullgraph.bench.suites import dit
+
+    seen = []
+    monkeypatch.setattr(dit, "run", lambda ns: seen.append(ns.policies) or ([], ""))
+    point = sweep.Point("dit", "64x4", 1, 16, "default")
+    for verify in (False, True):
+        args = argparse.Namespace(device="cpu", small=True, verify=verify)
+        cmd = sweep._child(point, args, "unused.csv", 1, warm=True)
+        sweep._child_main(cmd[-1])
+    assert seen[0] == ";".join(f"none,+{op}" for op in sweep.DECIDED_OPS) and seen[1] == ""
+    args = argparse.Namespace(from_csv=None, modes="default", only=None, small=True, deadline=None, verify=True,
+                              write_decisions="d.json")  # fmt: skip
+    with pytest.raises(sweep.UsageError, match="--verify times no one-kernel variant"):
+        sweep.run(args)
+
+
 def test_every_sweep_config_has_an_h200_entry():
     """Every DiT point of the grid, in each mode, has a close committed H200 point for every decided op. Skipped,
     listing what is missing, until the H200 sweep's decisions are committed (issue 32, item 2)."""
