@@ -126,24 +126,17 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
               f"--only '{rest}'", file=sys.stderr, flush=True)  # fmt: skip
         return True
 
-    for b in range(0, len(points), size):
-        batch = points[b : b + size]
-        if out_of_time(b, len(batch)):
+    for i, p in enumerate(points):
+        batch = points[i : i + size] if i % size == 0 else []  # a batch starts here: check it whole, then warm it
+        if out_of_time(i, len(batch) or 1):
             break
-        if jobs:
+        if batch and jobs:
             prewarm(batch, args, jobs)
-        for i, p in enumerate(batch, b):
-            if i > b and out_of_time(i, 1):
-                break
-            print(f"[{time.monotonic() - start:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr,
-                  flush=True)  # fmt: skip
-            done = run_point(p, args)
-            rows += done
-            if save is not None:
-                save(done)
-        else:
-            continue
-        break
+        print(f"[{time.monotonic() - start:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr, flush=True)
+        done = run_point(p, args)
+        rows += done
+        if save is not None:
+            save(done)
     if args.write_decisions:
         write_decisions(args.write_decisions, rows)
     return rows, summary(rows)
