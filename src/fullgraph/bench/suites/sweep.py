@@ -61,6 +61,7 @@ DEPTH = 4
 # The ops a DiT block can take a kernel for under compiled `auto`, each measured as "all native but its kernel"
 DECIDED_OPS = ("linear_gelu", "qk_norm_rope", "layer_norm_modulate", "skinny_linear")
 NATIVE = "ours native, compiled"
+AGAIN = "plain again (second instance), compiled"  # the plain twin's second instance: a point's noise floor
 MIN_GAIN = 0.01  # a kernel must beat the native form by this much, or by the point's noise if larger
 # Of suite dit's own variants, what the sweep reads: auto (the verdict) and all native (the decisions' baseline and
 # the native-speed check). Its other policies and its eager rows are left out: each is a compile (~15 s at depth 4 on
@@ -225,8 +226,7 @@ def decisions(rows: list[Result]) -> list[dict]:
     params = {r.case: json.loads(r.params) for r in rows if r.suite == "dit"}
     points = []
     for case, p in params.items():
-        native, plain, again = (ms.get((case, v)) for v in (NATIVE, "plain, compiled", "plain again (second "
-                                                             "instance), compiled"))  # fmt: skip
+        native, plain, again = (ms.get((case, v)) for v in (NATIVE, "plain, compiled", AGAIN))
         if native is None:
             continue
         noise = abs(1 - again / plain) if plain and again else 0.0
@@ -256,7 +256,12 @@ def write_decisions(path: str, rows: list[Result]) -> None:
         if r.suite == "dit":
             key = (r.gpu, torch_version(r.torch))
             measured_now.setdefault(key, (r.triton, []))[1].append(r)
-    merge_points(path, {key: (triton, decisions(found)) for key, (triton, found) in measured_now.items()})
+    tables = {key: (triton, decisions(found)) for key, (triton, found) in measured_now.items()}
+    merge_points(path, tables)
+    for (gpu, torch_mm), (_, points) in tables.items():
+        kernels = sum(p["choice"] == "kernel" for p in points)
+        print(f"decisions: {len(points)} point(s) of {gpu}, torch {torch_mm} ({kernels} take a kernel) merged into "
+              f"{path}", file=sys.stderr)  # fmt: skip
 
 
 def merge_points(path: str, tables: dict[tuple[str, str], tuple[str, list[dict]]]) -> None:
@@ -283,15 +288,25 @@ def _point_key(p: dict) -> tuple:
     return tuple(p[f] for f in ("op", "dtype", "head_dim", "width", "rows", "mode"))
 
 
-def summary(rows: list[Result]) -> str:
-    """Per point: ours auto / plain and plain again / plain (speed, above 1 is faster), from each suite's rows."""
+def speeds(rows: list[Result]) -> dict[str, dict[str, float | None]]:
+    """Per point (case, first seen first): "plain ms", and the speed over plain (plain ms / its ms, above 1 is
+    faster) of "auto", "native" and "again" (plain's second instance: the noise floor), None where not timed; a point
+    whose suite measured no twin (a CSV of the ViT suite before it did) has "plain ms" None."""
     ms = ratios(rows)
-    table = []
+    out: dict[str, dict[str, float | None]] = {}
     for case in dict.fromkeys(r.case for r in rows if r.metric == "median_ms"):
         plain = ms.get((case, "plain, compiled"))
-        auto, again = ms.get((case, "ours auto, compiled")), ms.get((case, "plain again (second instance), compiled"))
-        if plain is not None and auto is not None:
-            table.append([case, plain, plain / auto, again and plain / again])
-        else:  # a point whose suite measured no twin (a CSV of the ViT suite before it did)
-            table.append([case, None, None, None])
+        timed = {
+            k: ms.get((case, v)) for k, v in (("auto", "ours auto, compiled"), ("native", NATIVE), ("again", AGAIN))
+        }
+        if plain is None or timed["auto"] is None:
+            out[case] = {"plain ms": None, "auto": None, "native": None, "again": None}
+        else:
+            out[case] = {"plain ms": plain, **{k: v and plain / v for k, v in timed.items()}}
+    return out
+
+
+def summary(rows: list[Result]) -> str:
+    """Per point: ours auto / plain and plain again / plain (speed, above 1 is faster), from each suite's rows."""
+    table = [[case, s["plain ms"], s["auto"], s["again"]] for case, s in speeds(rows).items()]
     return format_table(["point", "plain ms", "ours auto / plain (speed)", "plain again / plain"], table)
