@@ -462,7 +462,8 @@ def run(args) -> int:
         for line in captured.summary():
             print(line, file=sys.stderr)
     n = saved.count + append_csv(args.csv, saved.rest(rows))
-    print(f"\n{n} rows appended to {args.csv}" if n else "\nno rows measured: nothing written")
+    if n or not getattr(args, "from_csv", None):  # --from-csv measures nothing by design
+        print(f"\n{n} rows appended to {args.csv}" if n else "\nno rows measured: nothing written")
     if failure and failure[0]:
         print(f"fullgraph bench {args.suite}: failed: {failure[0]}", file=sys.stderr)
         return 1

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from fullgraph.bench.results import append_csv, make_rows
+from fullgraph.bench.results import append_csv, make_rows, read_csv
 from fullgraph.bench.suites import sweep
 from fullgraph.cli.main import main
 from fullgraph.ops import measured
@@ -79,6 +79,10 @@ def test_small_sweep_runs_each_point_in_a_child_and_writes_decisions(tmp_path, m
     measured.read_points(out)  # readable (on a CPU without kernels the per-op variants are skipped: no points)
 
 
+def rows_gpu(path) -> str:
+    return read_csv(str(path))[0].gpu
+
+
 def test_parts_run_apart_join_from_csv(tmp_path, capsys):
     """Two parts of the grid, each its own CSV (each its own device call), give one summary and one decision file."""
     ms = {"plain, compiled": 10.0, "plain again (second instance), compiled": 10.0, sweep.NATIVE: 10.0,
@@ -90,8 +94,14 @@ def test_parts_run_apart_join_from_csv(tmp_path, capsys):
     argv = ["bench", "sweep", "--from-csv", ",".join(map(str, parts)), "--write-decisions", str(out),
             "--csv", str(tmp_path / "none.csv")]  # fmt: skip
     assert main(argv) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "dit p default" in text and "dit p reduce-overhead" in text and "1.111" in text  # 10 / 9
+    assert "no rows measured" not in text  # --from-csv measures nothing by design
+    assert (
+        f"decisions: 2 point(s) of {rows_gpu(parts[0])}, torch 2." in captured.err
+        and "(2 take a kernel)" in captured.err
+    )
     assert {(p.mode, p.choice) for p in measured.read_points(out)} == {("default", "kernel"), ("graphed", "kernel")}
     assert main(["bench", "sweep", "--from-csv", str(tmp_path / "missing.csv")]) != 0
     assert "--from-csv: no file" in capsys.readouterr().err
