@@ -24,6 +24,13 @@ carried_redis() {  # Debian's redis-server and the `redis` client from a carried
   export CARRIED_REDIS=1 PATH="$PWD/.gpu/redis/usr/bin:$PATH" PYTHONPATH="$PYTHONPATH:$PWD/.gpu/py" \
     LD_LIBRARY_PATH="$PWD/.gpu/redis/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
+export_served() {  # MODEL PKG LOG: benchmarks/targets/serve.py:MODEL exported into PKG for the load steps, unless there
+  [ -s "$2" ] && return
+  mkdir -p "$(dirname "$2")"
+  echo "--- $1: export $(date -u +%H:%M:%S)" | tee -a "$3"
+  $py -m fullgraph export "benchmarks/targets/serve.py:$1" --preset perception --no-check -o "$2" 2>&1 | tee -a "$3" \
+    | tail -3
+}
 for step in $steps; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
@@ -146,9 +153,8 @@ for step in $steps; do
         target=benchmarks/targets/serve.py:$model pkg=$pkgs/$model.pt2
         kinds=$(for k in compiled bucketed precompiled package serial locked; do [[ $wanted == *" $k "* ]] && printf %s, $k; done)
         kinds=${kinds%,}
-        if [[ $wanted == *" package"* || $wanted == *" serial "* ]] && [ ! -s "$pkg" ]; then
-          echo "--- $model: export $(date -u +%H:%M:%S)" | tee -a "$OUT/load_h200.txt"
-          $py -m fullgraph export "$target" --preset perception --no-check -o "$pkg" 2>&1 | tee -a "$OUT/load_h200.txt" | tail -3
+        if [[ $wanted == *" package"* || $wanted == *" serial "* ]]; then
+          export_served "$model" "$pkg" "$OUT/load_h200.txt"
         fi
         for start in ${LOAD_STARTS:-warm cold}; do
           if [ "$start" = cold ]; then timing="--cold --threads ${LOAD_COLD_THREADS:-4,16} --seconds ${LOAD_COLD_SECONDS:-3}"
@@ -174,9 +180,7 @@ for step in $steps; do
       # `package` and `nogil` with two model instances (~7 min with the export); then the GPU tests of those paths.
       # Writes $OUT/dit_threads_h200.{csv,txt}.
       pkg=${LOAD_PACKAGES:-out/load-packages}/dit_b_1024.pt2
-      mkdir -p "$(dirname "$pkg")"
-      [ -s "$pkg" ] || $py -m fullgraph export benchmarks/targets/serve.py:dit_b_1024 --preset perception --no-check \
-        -o "$pkg" 2>&1 | tail -2
+      export_served dit_b_1024 "$pkg" "$OUT/dit_threads_h200.txt"
       $py -m fullgraph bench load "$pkg" --callable "${DIT_THREADS_CALLABLES:-package,nogil,serial,nogil-serial}" \
         --threads 1,4 --seconds "${DIT_THREADS_SECONDS:-16}" --rounds 4 ${DIT_THREADS_ARGS:-} --csv "$OUT/dit_threads_h200.csv" 2>&1 \
         | tee -a "$OUT/dit_threads_h200.txt" | grep -v '^\[' | tail -11
@@ -246,14 +250,13 @@ for step in $steps; do
       # in its own process (it aborted on torch 2.11 twice); LOCKBOUND_PLAIN=0 skips the compiled,plain row
       for model in ${LOAD_MODELS:-vit_s16_b4}; do
         t=benchmarks/targets/serve.py:$model pkg=${LOAD_PACKAGES:-out/load-packages}/$model.pt2
-        [ "${LOCKBOUND_PLAIN:-1}" = 1 ] && echo "--- $model lock bound: compiled,plain 1 thread $(date -u +%H:%M:%S)" \
-          | tee -a "$OUT/load_lockbound.txt" && timeout 150 $py -m fullgraph bench load "$t" --callable compiled,plain --threads 1 --seconds "${LOAD_SECONDS:-10}" \
-          --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" | grep -v '^\[' | tail -12
-        if [ ! -s "$pkg" ]; then
-          mkdir -p "$(dirname "$pkg")"
-          echo "--- $model: export $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
-          $py -m fullgraph export "$t" --preset perception --no-check -o "$pkg" 2>&1 | tail -3
+        if [ "${LOCKBOUND_PLAIN:-1}" = 1 ]; then
+          echo "--- $model lock bound: compiled,plain 1 thread $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
+          timeout 150 $py -m fullgraph bench load "$t" --callable compiled,plain --threads 1 \
+            --seconds "${LOAD_SECONDS:-10}" --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" \
+            | grep -v '^\[' | tail -12
         fi
+        export_served "$model" "$pkg" "$OUT/load_lockbound.txt"
         echo "--- $model lock bound: nogil,nogil-locked $(date -u +%H:%M:%S)" | tee -a "$OUT/load_lockbound.txt"
         timeout 150 $py -m fullgraph bench load "$pkg" --callable nogil,nogil-locked --runners 2 --threads 1,4 \
           --seconds "${LOAD_SECONDS:-10}" --csv "$OUT/load_lockbound.csv" 2>&1 | tee -a "$OUT/load_lockbound.txt" \
