@@ -255,10 +255,9 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
 
         def package() -> Callable:
             if kind in (*SERIAL, *NOGIL):  # its own load: the runtime opened single-threaded, or called directly
-                opened = sources.open_package(plan.target, (), **{**plan.package_options, **_own_load(kind)})[0]
-                return _locked(opened) if kind == "nogil-locked" else opened
+                return _wrapped(plan, kind, sources.open_package(plan.target, (), **_load_options(plan, kind))[0])
             loaded = next(first, None) or sources.open_package(plan.target, (), **plan.package_options)[0]
-            return _locked(loaded) if kind == "locked" else _owned(plan, loaded) if kind == "owner" else loaded
+            return _wrapped(plan, kind, loaded)
 
         return package
     if kind == "compiled":
@@ -282,18 +281,22 @@ def opener(plan: Plan, kind: str, model: Any, x: Inputs, sources: Sources, work:
         if not os.path.exists(path):
             sources.progress(f"exporting {type(model).__name__} into an AOTInductor package (minutes on a GPU)")
             path = sources.export(model, x[0], path, preset=plan.preset)
-    if kind == "owner":
-        return lambda: _owned(plan, sources.open_package(path, (), **plan.package_options)[0])
-    own = {**plan.package_options, **_own_load(kind)}
-    if kind == "nogil-locked":
-        return lambda: _locked(sources.open_package(path, (), **own)[0])
-    return lambda: sources.open_package(path, (), **own)[0]
+    options = _load_options(plan, kind)
+    return lambda: _wrapped(plan, kind, sources.open_package(path, (), **options)[0])
 
 
-def _own_load(kind: str) -> dict[str, bool]:
-    """What `fullgraph.deploy.load` takes besides the plan's package options for a package kind."""
-    return {"serial": {"serial": True}, "nogil": {"release_gil": True}, "nogil-locked": {"release_gil": True},
-            "nogil-serial": {"serial": True, "release_gil": True}}.get(kind, {})  # fmt: skip
+def _load_options(plan: Plan, kind: str) -> dict[str, Any]:
+    """What `fullgraph.deploy.load` takes for a package kind: the plan's package options and the kind's own."""
+    own = {"serial": {"serial": True}, "nogil": {"release_gil": True}, "nogil-locked": {"release_gil": True},
+           "nogil-serial": {"serial": True, "release_gil": True}}.get(kind, {})  # fmt: skip
+    return {**plan.package_options, **own}
+
+
+def _wrapped(plan: Plan, kind: str, loaded: Callable) -> Callable:
+    """A loaded package as `kind` calls it: behind one lock (locked, nogil-locked), on an owner thread, or as is."""
+    if kind in ("locked", "nogil-locked"):
+        return _locked(loaded)
+    return _owned(plan, loaded) if kind == "owner" else loaded
 
 
 def _threads(n: int) -> str:
