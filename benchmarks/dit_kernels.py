@@ -104,10 +104,9 @@ def main() -> int:
             parser.error(f"--shape {args.shape!r}: write DIMxHEADS:BATCH:TOKENS, e.g. 1536x24:8:256")
         shape = {"dim": dim, "heads": heads, "depth": 4}
     ours, plain, x, c = twins(tokens, dev, batch, **shape)
-    print(
-        f"# {args.shape or ('small' if args.small else 'dit_3072') + f' b1 n{tokens}'}, mode {args.mode}, {dev}"
-        f"{' ' + torch.cuda.get_device_name() if dev == 'cuda' else ''}, torch {torch.__version__}"
-    )
+    point = args.shape or f"{'small' if args.small else 'dit_3072'} b1 n{tokens}"
+    gpu = f" {torch.cuda.get_device_name()}" if dev == "cuda" else ""
+    print(f"# {point}, mode {args.mode}, {dev}{gpu}, torch {torch.__version__}")
     known = {"plain": plain, "native": ours, "native-lowp": ours, "auto": ours}
     wanted = args.variants.split(",")
     if unknown := [v for v in wanted if v not in known]:
