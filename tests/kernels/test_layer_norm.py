@@ -3,7 +3,7 @@ import torch
 
 import fullgraph.ops  # noqa: F401  (registers torch.ops.fullgraph.*)
 from fullgraph.kernels.layer_norm import layer_norm_fwd, layer_norm_modulate_fwd, layer_norm_modulate_residual_fwd
-from tests.kernels.reference import assert_close, layer_norm_ref, poison_new_tensors
+from tests.kernels.reference import assert_close, layer_norm_ref, poison_new_tensors, rel_err
 from tests.kernels.test_modulate import FORMS, form_shapes, gated_residual_ref, modulate_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -65,13 +65,11 @@ def test_layer_norm_modulate_matches_float64(triton_device, residual, form, c, d
         y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6)
         y_ref, s_ref = layer_norm_modulate_ref(x, shift, scale, h, gate)
         assert_close(s, s_ref, dtype)
-        # y is the norm of exactly the s returned (rounded to dtype first), as the unfused ops compute it
-        assert_close(y, layer_norm_modulate_ref(s, shift, scale)[0], dtype)
     else:
         y = layer_norm_modulate_fwd(x, shift, scale, 1e-6)
         y_ref, _ = layer_norm_modulate_ref(x, shift, scale)
     assert y.dtype == dtype and y.shape == x.shape
-    assert_close(y, y_ref, dtype, scale=2)
+    assert_close(y, y_ref, dtype)  # y is the norm of the float32 sum: s's rounding does not reach it
 
 
 def test_layer_norm_modulate_takes_each_rows_own_group(triton_device):
@@ -104,5 +102,22 @@ def test_every_head_dim_and_width(triton_device, monkeypatch, width):
         assert_close(layer_norm_fwd(x, w, b, 1e-5), layer_norm_ref(x, w, b), dtype)
         gate, shift, scale = (torch.randn(2, 1, width, device=triton_device, dtype=dtype) for _ in range(3))
         y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6)
-        assert_close(s, layer_norm_modulate_ref(x, shift, scale, h, gate)[1], dtype)
-        assert_close(y, layer_norm_modulate_ref(s, shift, scale)[0], dtype, scale=2)
+        y_ref, s_ref = layer_norm_modulate_ref(x, shift, scale, h, gate)
+        assert_close(s, s_ref, dtype)
+        assert_close(y, y_ref, dtype)
+
+
+@pytest.mark.parametrize("width", [1152, 1280])
+def test_the_norm_of_the_unrounded_sum_is_nearer_the_truth_than_of_the_stored_s(triton_device, width):
+    # The DiT's error with this kernel grew 1.06-1.19x over all native (H100 sweep, 2026-12-06) while the kernel
+    # normalised s rounded to its dtype; Inductor's fusion of the native ops normalises the float32 sum. The kernel's
+    # y is now nearer the float64 truth than the norm of the stored s is, by a margin rounding cannot close. In fp16:
+    # Triton's interpreter casts float32 to bf16 by truncation (twice the GPU's round-to-nearest error), fp16 it rounds
+    torch.manual_seed(width)
+    half = torch.float16
+    x, h = (torch.randn(4, 64, width, device=triton_device, dtype=half) for _ in range(2))
+    gate, shift, scale = (torch.randn(4, 1, width, device=triton_device, dtype=half) for _ in range(3))
+    y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6)
+    truth, _ = layer_norm_modulate_ref(x, shift, scale, h, gate)
+    of_stored_s = layer_norm_modulate_ref(s, shift, scale)[0].to(half)
+    assert rel_err(y, truth) < 0.85 * rel_err(of_stored_s, truth)

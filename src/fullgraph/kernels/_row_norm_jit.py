@@ -30,10 +30,10 @@ def _piece_in(
             x = r.to(tl.float32) + tl.load(G + group_row + cols, mask=mask, other=0.0).to(tl.float32) * x
         else:
             x = x + r
-        # round the sum to the stored dtype first, so y is the norm of exactly the s we return
-        x = x.to(S.dtype.element_ty)
-        tl.store(S + tl.multiple_of(rows * stride_s, ALIGN)[:, None] + cols, x, mask=mask)
-        x = x.to(tl.float32)
+        # s is stored rounded to its dtype, and y is the norm of the float32 sum, as Inductor's fusion of the native
+        # ops computes it: normalising the rounded s added its rounding to y's error, and the DiT's output error
+        # grew 1.06-1.19x over all native with this kernel alone (H100 sweep, 2026-12-06)
+        tl.store(S + tl.multiple_of(rows * stride_s, ALIGN)[:, None] + cols, x.to(S.dtype.element_ty), mask=mask)
     return x
 
 

@@ -8,8 +8,9 @@ one over memory). The kernel is RMSNorm's (`rms_norm.py`) with the row centered 
 
 `layer_norm_modulate_fwd` is the DiT's LayerNorm (no affine) and adaLN modulation in one pass, and
 `layer_norm_modulate_residual_fwd` puts the gated residual before them: s = x + gate · h, y = LN(s) · (1 + scale) +
-shift, returning (y, s). Traffic per row: read x and h, write s and y (4·C·bytes), where the three ops apart take
-ten passes (gated residual 3, LayerNorm 2, modulation 2 in float32 plus its casts) and Inductor makes one of them.
+shift, returning (y, s); y is the norm of the float32 sum, s stored rounded. Traffic per row: read x and h, write s
+and y (4·C·bytes), where the three ops apart take ten passes (gated residual 3, LayerNorm 2, modulation 2 in float32
+plus its casts) and Inductor makes one of them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """RMSNorm, optionally fused with the residual add before it.
 
-    s = x + residual                      (when a residual is given; s is returned too)
-    y = s / sqrt(mean(s²) + eps) * w
+    s = x + residual                      (when a residual is given; s is returned too, rounded to its dtype)
+    y = s / sqrt(mean(s²) + eps) * w      (of the float32 sum, as Inductor's fusion of the unfused ops computes it)
 
 Memory traffic per row of C elements: read x (and residual), write y (and s), read w once per program;
 so 2·C·bytes (4·C·bytes fused). Accumulation is in float32 whatever the input dtype.
