@@ -1,7 +1,14 @@
 """Compiles ahead of a timed run: child processes that run the same measurement once with nothing kept, several at
 a time, so that the timed run finds its graphs in Inductor's FX-graph and AOTAutograd caches on this machine's disk
 instead of compiling them (suites `sweep` and `zoo`, `--prewarm JOBS`). The compiles use the host's cores and run
-side by side, where timings cannot run at all; the timed run then runs alone, as before."""
+side by side, where timings cannot run at all; the timed run then runs alone, as before.
+
+What a prewarm child must not keep: the launch configurations Inductor's autotuner picks by timing its kernels at
+their first call. Timed in eight processes sharing one GPU, the pick is noise, and Inductor's local autotune cache
+would hand it to the timed run, a different one for each compiled variant (the sweep's "ours native" and "plain"
+compile to the same kernels and measured 0.94x apart at one point, 1.05x at the next run, H100 2026-12-06). A child
+(PREWARM_ENV set) therefore compiles with the local autotune cache off (`no_kept_autotuning`); the flag is not part of
+the FX-graph cache key, so the timed run loads the prewarmed graph and tunes its kernels alone."""
 
 from __future__ import annotations
 
@@ -14,6 +21,17 @@ from collections.abc import Sequence
 
 from fullgraph.errors import UsageError
 
+PREWARM_ENV = "FULLGRAPH_PREWARM_CHILD"  # set in each prewarm child's environment
+
+
+def no_kept_autotuning() -> None:
+    """In a prewarm child (PREWARM_ENV set): Inductor keeps no autotuning choice of this process (module docstring);
+    elsewhere nothing."""
+    if os.environ.get(PREWARM_ENV) == "1":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.autotune_local_cache = False
+
 
 def run_children(children: Sequence[tuple[str, list[str]]], jobs: int, option: str = "--prewarm") -> None:
     """Each (label, argv) as a child process, `jobs` at a time, each given a share of Inductor's compile workers
@@ -21,7 +39,8 @@ def run_children(children: Sequence[tuple[str, list[str]]], jobs: int, option: s
     status when it failed (its compiles then happen in the timed run, as without a prewarm)."""
     if jobs < 1:
         raise UsageError(f"{option} {jobs}: give how many processes compile at once, e.g. 8 (0: no prewarm)")
-    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=threads, **{PREWARM_ENV: "1"})
     start, pending, running = time.monotonic(), list(children), []
     with tempfile.TemporaryDirectory(prefix="fullgraph-prewarm-") as tmp:
         while pending or running:

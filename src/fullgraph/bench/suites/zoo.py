@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 import fullgraph.compile
-from fullgraph.bench.prewarm import run_children
+from fullgraph.bench.prewarm import no_kept_autotuning, run_children
 from fullgraph.bench.results import Result, make_rows, read_csv
 from fullgraph.bench.suites import DTYPES, parse_sizes, rel_err
 from fullgraph.bench.suites.vit import parse_modes
@@ -207,6 +207,7 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
     """Each selected model's points; `save` (the command line's) takes each point's rows as it finishes."""
     if args.from_csv:
         return from_csv(args.from_csv.split(","))
+    no_kept_autotuning()  # a prewarm child's (bench.prewarm)
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
     settings = Settings(device, DTYPES[args.dtype or ("bf16" if gpu else "fp32")], parse_modes(args.modes, gpu),
