@@ -27,6 +27,14 @@ def inductor_buffers(model, *inputs) -> tuple[int, list[tuple[str, str]]]:
     return len(kernels), sorted(buffers)
 
 
+def inductor_kernels(model, *inputs) -> dict[str, str]:
+    """{name: C++ source} of every fused kernel in the code Inductor writes for `model` on the CPU."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, (code,) = run_and_get_code(torch.compile(model, fullgraph=True), *inputs)
+    return dict(re.findall(r"^(cpp_fused_\w+) = async_compile\.cpp_pybinding\(.*?'''(.*?)'''", code, re.M | re.S))
+
+
 def buffer_bytes(buffers: list[tuple[str, str]]) -> int:
     """The bytes `inductor_buffers`' buffers hold together."""
     size = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}

@@ -148,7 +148,7 @@ class DiTBlock(nn.Module):
         `layer_norm_modulate`: one pass where the ops apart take several."""
         f = self._forms(x, rope is not None, finish)
         ada = f.skinny_linear(F.silu(c), self.ada.weight, self.ada.bias)  # [B, 6C]: a read of the weight
-        shift1, scale1, gate1, shift2, scale2, gate2 = _modulation(ada, f, 6)  # each [B, 1, C]
+        shift1, scale1, gate1, shift2, scale2, gate2 = _modulation(ada, 6)  # each [B, 1, C]
         if pending is None:
             h = f.layer_norm_modulate(x, shift1, scale1, self.eps)  # h: [B, N, C]
         else:
@@ -187,14 +187,12 @@ _CALLS = {
 _CALLS_FINAL = "layer_norm_modulate:1,skinny_linear:1"
 
 
-def _modulation(ada: torch.Tensor, f, n: int) -> tuple[torch.Tensor, ...]:
-    """The adaLN output [B, n * C] as n parameters [B, 1, C]. Native forms compute in float32: one cast here, not
-    one per use. The fused kernel reads the input dtype and computes in float32 itself: given float32 slices, the
-    compiled graph would write each one out as a float32 copy first (a launch per parameter: 41 Triton launches
-    against auto's 15 in a 4-block stack at 1024 tokens on the H200, 9 of them the kernel's own;
-    benchmarks/results/dit_graph_probe_h200.txt)."""
-    if f.layer_norm_modulate is not direct.layer_norm_modulate_kernel:  # (a form, not a lookup: no guards to add)
-        ada = ada.float()
+def _modulation(ada: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """The adaLN output [B, n * C] as n parameters [B, 1, C], in its own dtype for every form: the fused kernel
+    computes in float32 itself (given float32 slices, the compiled graph wrote each out as a float32 copy first: 41
+    Triton launches against auto's 15 in a 4-block stack at 1024 tokens on the H200,
+    benchmarks/results/dit_graph_probe_h200.txt), and the native forms compiled are the plain twin's formula, which
+    Inductor computes in float32 (an upcast here gave the same results through differently named kernels)."""
     return ada[:, None].chunk(n, dim=-1)
 
 
@@ -310,7 +308,7 @@ class DiT(_Stack):
             else:
                 x, pending = block(x, c, rope, pending, finish=False)
         f = self._forms(x, _CALLS_FINAL)
-        shift, scale = _modulation(f.skinny_linear(F.silu(c), self.final_ada.weight, self.final_ada.bias), f, 2)
+        shift, scale = _modulation(f.skinny_linear(F.silu(c), self.final_ada.weight, self.final_ada.bias), 2)
         if pending is None:
             return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps))
         return self.final(f.layer_norm_modulate(x, shift, scale, self.cfg.eps, *pending)[0])

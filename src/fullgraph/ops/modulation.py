@@ -99,6 +99,11 @@ def modulate_native(x, shift, scale):
         out = torch.empty(xg.shape, dtype=x.dtype, device=x.device)
         torch.addcmul(shift_g, xg, scale_g.float() + 1, out=out)
         return out if xg is x else out.view(x.shape)
+    if torch.compiler.is_compiling():  # a trace-time constant: no guard
+        # the formula as plain code writes it, in the inputs' dtypes: Inductor computes it in float32 and rounds once,
+        # as the float32 form below, and emits the plain twin's very kernels (an addcmul of upcast parameters
+        # compiled to differently named ones, tuned apart from the twin's; issue 32, item 3)
+        return (xg * (1 + scale_g) + shift_g).reshape(x.shape).to(x.dtype)
     return torch.addcmul(shift_g.float(), xg, 1 + scale_g.float()).reshape(x.shape).to(x.dtype)  # in float32
 
 
@@ -109,6 +114,8 @@ def gated_residual_native(x, h, gate):
         out = torch.empty(xg.shape, dtype=x.dtype, device=x.device)
         torch.addcmul(xg, gate_g.float(), hg, out=out)
         return out if xg is x else out.view(x.shape)
+    if torch.compiler.is_compiling():  # as plain code writes it (modulate_native says why)
+        return (xg + gate_g * hg).reshape(x.shape).to(x.dtype)
     return torch.addcmul(xg, gate_g.float(), hg).reshape(x.shape).to(x.dtype)  # x + gate·h in float32
 
 
