@@ -221,6 +221,13 @@ SUITES = {
             ("--only", {"help": "comma-separated substrings of point labels to run, e.g. 'dit 1152x16,vit_b16 b4'"}),
             ("--write-decisions", {"metavar": "FILE", "help": "write the DiT points' per-op decision data here"}),
             ("--depth", {"type": int, "help": "DiT blocks per point (default 4; 28 is DiT-XL/2's full depth)"}),
+            (
+                "--ops",
+                {
+                    "help": "time only these ops' one-kernel variants, e.g. layer_norm_modulate (default: all four; "
+                    "none with --verify)"
+                },
+            ),
             ("--small", {"action": "store_true", "help": "one tiny DiT and one tiny ViT point (a CPU smoke run)"}),
             (
                 "--verify",

@@ -231,8 +231,23 @@ def test_verify_times_no_one_kernel_variant_and_writes_no_decisions(monkeypatch)
     assert seen[0] == ";".join(f"none,+{op}" for op in sweep.DECIDED_OPS) and seen[1] == ""
     args = argparse.Namespace(from_csv=None, modes="default", only=None, small=True, deadline=None, verify=True,
                               write_decisions="d.json")  # fmt: skip
-    with pytest.raises(sweep.UsageError, match="--verify times no one-kernel variant"):
+    with pytest.raises(sweep.UsageError, match=r"--verify times no one-kernel variant.*name the ops to measure"):
         sweep.run(args)
+
+
+def test_ops_names_the_one_kernel_variants_a_point_times_with_or_without_verify(monkeypatch):
+    from fullgraph.bench.suites import dit
+
+    seen = []
+    monkeypatch.setattr(dit, "run", lambda ns: seen.append(ns.policies) or ([], ""))
+    point = sweep.Point("dit", "64x4", 1, 16, "default")
+    for verify in (False, True):
+        args = argparse.Namespace(device="cpu", small=True, verify=verify, ops="layer_norm_modulate")
+        sweep._child_main(sweep._child(point, args, "unused.csv", 1, warm=True)[-1])
+    assert seen == ["none,+layer_norm_modulate"] * 2
+    args = argparse.Namespace(verify=True, ops="layer_norm_modulate,rope")
+    with pytest.raises(sweep.UsageError, match="--ops: unknown rope; choose from linear_gelu, qk_norm_rope"):
+        sweep.decided_ops(args)
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
@@ -278,4 +293,4 @@ def test_depth_reaches_each_point_child_and_defaults_to_the_grid_depth():
     for depth, want in ((28, 28), (None, sweep.DEPTH)):
         args = argparse.Namespace(device="cpu", small=False, verify=True, depth=depth)
         spec = json.loads(sweep._child(p, args, "x.csv", 3, False)[-1])
-        assert spec["depth"] == want and spec["verify"] is True
+        assert spec["depth"] == want and spec["ops"] == []  # --verify: no one-kernel variant

@@ -16,7 +16,9 @@ folder (`fullgraph._paths.cache_dir`), which replaces the committed tables of th
 `--small` is the CPU smoke run: one tiny DiT point and one tiny ViT point, default mode.
 
 `--verify` checks decisions already written: DiT points time plain, plain again, ours auto and all native only (4
-compiles a point where the one-kernel variants make 7), so it writes no decisions.
+compiles a point where the one-kernel variants make 7), so it writes no decisions. `--ops OP,...` times the
+one-kernel variants of those ops only (with `--verify` too: a verdict and one op measured again in one run), and
+`--write-decisions` then writes those ops' points.
 
 `--prewarm JOBS` first runs every selected point once in JOBS child processes at a time, with one call per timing
 round and nothing kept, before any point is timed: a timed child then finds its graphs in Inductor's FX-graph and
@@ -103,8 +105,10 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
     if args.from_csv:
         return from_csv(args.from_csv.split(","), args.write_decisions)
     modes = tuple(m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip())
-    if getattr(args, "verify", False) and args.write_decisions:
-        raise UsageError("--verify times no one-kernel variant, so it has no decisions to write: drop one of the two")
+    ops = decided_ops(args)
+    if not ops and args.write_decisions:
+        raise UsageError("--verify times no one-kernel variant, so it has no decisions to write: drop one of the two, "
+                         "or name the ops to measure with --ops")  # fmt: skip
     if bad := [m for m in modes if m not in MODES]:
         raise UsageError(f"--modes: unknown {', '.join(bad)}; choose from {', '.join(MODES)}")
     points = [p for p in grid(args.small, modes) if not args.only or any(s in p.label for s in args.only.split(","))]
@@ -161,9 +165,20 @@ def from_csv(paths: list[str], write_to: str | None) -> tuple[list[Result], str]
     return [], summary(rows)
 
 
+def decided_ops(args) -> tuple[str, ...]:
+    """The ops whose one-kernel variant each DiT point times: --ops, else all of DECIDED_OPS, none with --verify."""
+    named = getattr(args, "ops", None)
+    if not named:
+        return () if getattr(args, "verify", False) else DECIDED_OPS
+    ops = tuple(dict.fromkeys(o.strip() for o in named.split(",") if o.strip()))
+    if bad := [o for o in ops if o not in DECIDED_OPS]:
+        raise UsageError(f"--ops: unknown {', '.join(bad)}; choose from {', '.join(DECIDED_OPS)}")
+    return ops
+
+
 def _child(p: Point, args, csv: str, reps: int, warm: bool) -> list[str]:
     spec = {"point": p.__dict__, "device": args.device, "reps": reps, "csv": csv, "small": args.small, "warm": warm,
-            "verify": bool(getattr(args, "verify", False)), "depth": getattr(args, "depth", None) or DEPTH}  # fmt: skip
+            "ops": list(decided_ops(args)), "depth": getattr(args, "depth", None) or DEPTH}  # fmt: skip
     code = "import sys; from fullgraph.bench.suites.sweep import _child_main; _child_main(sys.argv[1])"
     return [sys.executable, "-c", code, json.dumps(spec)]
 
@@ -201,7 +216,7 @@ def _child_main(spec_json: str) -> None:
         dim, heads = (int(v) for v in p.name.split("x"))
         depth = spec.get("depth", DEPTH)
         CONFIGS["sweep"] = DiTConfig(dim=dim, heads=heads, depth=depth)  # this process's: the suite takes a name
-        policies = "" if spec.get("verify") else ";".join(f"none,+{op}" for op in DECIDED_OPS)
+        policies = ";".join(f"none,+{op}" for op in spec["ops"])
         rope = "video" if (dim, heads, p.batch, p.tokens) == VIDEO else "1d"
         ns = argparse.Namespace(**common, config="sweep", depth=depth, batch=p.batch, tokens=str(p.tokens),
                                 mode=p.mode, dtype=dtype, policies=policies, base=SWEEP_BASE, eager=False,
