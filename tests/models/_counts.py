@@ -16,12 +16,18 @@ def policy_counts(run):
     return out, {k: v - before.get(k, 0) for k, v in ops.counters.items() if v != before.get(k, 0)}
 
 
-def inductor_buffers(model, *inputs) -> tuple[int, list[tuple[str, str]]]:
-    """(the number of fused kernels, the sorted (shape, dtype) of every buffer) in the code Inductor writes for
-    `model` on the CPU: what a compiled call launches and stores."""
+def inductor_code(model, *inputs) -> str:
+    """The code Inductor writes for `model` compiled whole (Dynamo reset first) and called once without grad."""
     torch._dynamo.reset()
     with torch.no_grad():
         _, (code,) = run_and_get_code(torch.compile(model, fullgraph=True), *inputs)
+    return code
+
+
+def inductor_buffers(model, *inputs) -> tuple[int, list[tuple[str, str]]]:
+    """(the number of fused kernels, the sorted (shape, dtype) of every buffer) in the code Inductor writes for
+    `model` on the CPU: what a compiled call launches and stores."""
+    code = inductor_code(model, *inputs)
     kernels = re.findall(r"^(cpp_fused_\w+) = ", code, re.M)
     buffers = re.findall(r"empty_strided_cpu\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)", code)
     return len(kernels), sorted(buffers)
@@ -29,9 +35,7 @@ def inductor_buffers(model, *inputs) -> tuple[int, list[tuple[str, str]]]:
 
 def inductor_kernels(model, *inputs) -> dict[str, str]:
     """{name: C++ source} of every fused kernel in the code Inductor writes for `model` on the CPU."""
-    torch._dynamo.reset()
-    with torch.no_grad():
-        _, (code,) = run_and_get_code(torch.compile(model, fullgraph=True), *inputs)
+    code = inductor_code(model, *inputs)
     return dict(re.findall(r"^(cpp_fused_\w+) = async_compile\.cpp_pybinding\(.*?'''(.*?)'''", code, re.M | re.S))
 
 

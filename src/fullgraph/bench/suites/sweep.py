@@ -254,11 +254,12 @@ def decisions(rows: list[Result]) -> list[dict]:
             continue
         noise = abs(1 - again / plain) if plain and again else 0.0
         for op in DECIDED_OPS:
-            with_kernel = ms.get((case, f"ours none,+{op}, compiled"))
+            variant = f"ours none,+{op}, compiled"
+            with_kernel = ms.get((case, variant))
             if with_kernel is None:
                 continue
             gain = native / with_kernel - 1
-            native_err, kernel_err = errors.get((case, NATIVE)), errors.get((case, f"ours none,+{op}, compiled"))
+            native_err, kernel_err = errors.get((case, NATIVE)), errors.get((case, variant))
             growth = kernel_err / native_err if native_err and kernel_err is not None else 1.0
             fast = gain > max(MIN_GAIN, noise)
             points.append({
