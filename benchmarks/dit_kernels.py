@@ -8,6 +8,7 @@ Variants (same weights, torch.compile(fullgraph=True), default mode):
   native-lowp     native, but modulate, gated_residual and RoPE computed in the input dtype (as the plain twin does),
                   to see whether our float32 elementwise math costs anything inside the graph
   auto            DiT with every op's policy auto (what `bench dit` calls "ours, auto")
+  native+OP[+OP]  every op native but OP's kernel (the sweep's one-kernel variants, e.g. native+layer_norm_modulate)
 
 Issue 32 ("all native within 1% of the plain twin"): the sweep's points are DiT stacks of depth 4 by (dim, heads),
 batch and tokens; `--shape 1536x24:8:256` selects one (DIMxHEADS:BATCH:TOKENS; the default is the dit_3072 stack at
@@ -61,6 +62,35 @@ def low_precision_elementwise():
         mod.modulate_native, mod.gated_residual_native, rope.rope_native = saved
 
 
+def variant_policy(name: str) -> dict[str, str] | None:
+    """The op policies a variant's calls run under: None for plain, {"all": "auto"} for auto, every op native
+    otherwise, and with `native+OP+...` those ops' kernels."""
+    if name == "plain":
+        return None
+    if name == "auto":
+        return {"all": "auto"}
+    ops_named = name.split("+")[1:] if name.startswith("native+") else []
+    return {"all": "native", **{op: "kernel" for op in ops_named}}
+
+
+def known_variant(name: str) -> bool:
+    from fullgraph.ops.policies import KNOWN_OPS
+
+    if name in ("plain", "native", "native-lowp", "auto"):
+        return True
+    return name.startswith("native+") and all(op in KNOWN_OPS for op in name.split("+")[1:])
+
+
+def sweep_shape(parser: argparse.ArgumentParser, text: str) -> tuple[int, int, int, int]:
+    """--shape DIMxHEADS:BATCH:TOKENS (a sweep point) -> (dim, heads, batch, tokens), or the parser's error."""
+    try:
+        dims, b, n = text.split(":")
+        dim, heads = (int(v) for v in dims.split("x"))
+        return dim, heads, int(b), int(n)
+    except ValueError:
+        parser.error(f"--shape {text!r}: write DIMxHEADS:BATCH:TOKENS, e.g. 1536x24:8:256")
+
+
 def twins(tokens: int, device: str, batch: int = 1, **overrides):
     """(ours, plain, x, c): the dit_3072 stack (1-D RoPE; `overrides` replace its fields) with random weights and
     its plain twin loaded from it, both bf16 on `device`, and one batch of `batch` inputs."""
@@ -96,28 +126,23 @@ def main() -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     shape, batch, tokens = {"dim": 128, "heads": 2, "depth": 2} if args.small else {}, 1, args.tokens
     if args.shape:
-        try:
-            dims, b, n = args.shape.split(":")
-            dim, heads = (int(v) for v in dims.split("x"))
-            batch, tokens = int(b), int(n)
-        except ValueError:
-            parser.error(f"--shape {args.shape!r}: write DIMxHEADS:BATCH:TOKENS, e.g. 1536x24:8:256")
+        dim, heads, batch, tokens = sweep_shape(parser, args.shape)
         shape = {"dim": dim, "heads": heads, "depth": 4}
     ours, plain, x, c = twins(tokens, dev, batch, **shape)
     point = args.shape or f"{'small' if args.small else 'dit_3072'} b1 n{tokens}"
     gpu = f" {torch.cuda.get_device_name()}" if dev == "cuda" else ""
     print(f"# {point}, mode {args.mode}, {dev}{gpu}, torch {torch.__version__}")
-    known = {"plain": plain, "native": ours, "native-lowp": ours, "auto": ours}
     wanted = args.variants.split(",")
-    if unknown := [v for v in wanted if v not in known]:
-        parser.error(f"unknown variant(s) {unknown}; choose from {list(known)}")
+    if unknown := [v for v in wanted if not known_variant(v)]:
+        parser.error(f"unknown variant(s) {unknown}; choose from plain, native, native-lowp, auto, native+OP[+OP]")
     fns = {}
     for name in wanted:
         torch._dynamo.reset()  # the same model under another policy: its own compile, not a served cache entry
-        compiled = torch.compile(known[name], fullgraph=True, mode=None if args.mode == "default" else args.mode)
+        model = plain if name == "plain" else ours
+        compiled = torch.compile(model, fullgraph=True, mode=None if args.mode == "default" else args.mode)
 
         def call(compiled=compiled, name=name):
-            with torch.no_grad(), ops.policy(all="auto" if name == "auto" else "native"):
+            with torch.no_grad(), ops.policy(**(variant_policy(name) or {})):
                 if name == "native-lowp":
                     with low_precision_elementwise():
                         return compiled(x, c)

@@ -3,7 +3,7 @@
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
 #   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-threads zoo fleet
-#   sweep gemm-gelu lock-bound percall bisect gpu-tests native-gap
+#   sweep gemm-gelu lock-bound percall bisect gpu-tests native-gap dit-host
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -216,6 +216,20 @@ for step in $steps; do
             | grep -E "^(# |plain |native )"
         done
       done
+      ;;
+    dit-host)  # issue 32, default mode: where ours loses at the host-bound points (plain's default-mode median there
+      # is its host time: 1152x16 b8 n256 0.938 ms default against 0.779 under CUDA graphs, H100 2026-12-06), the host
+      # part of each variant's call and cProfile (benchmarks/dit_host.py), each kernel of the one-kernel variant
+      # that lost 17-27% in default mode but 2-5% graphed (dit_kernels.py), and that kernel's error (lnm_error.py)
+      for shape in ${HOST_SHAPES:-1280x16:8:256 1152x16:2:1024}; do
+        echo "--- $shape $(date -u +%H:%M:%S)" | tee -a "$OUT/dit_host.txt"
+        timeout "${HOST_SECONDS:-150}" $py benchmarks/dit_host.py --shape "$shape" 2>&1 | grep -v Warning \
+          | tee -a "$OUT/dit_host.txt" | head -50
+        timeout "${HOST_SECONDS:-150}" $py benchmarks/dit_kernels.py --shape "$shape" --mode default --by diff \
+          --variants native+layer_norm_modulate,native,plain --top 20 2>&1 | grep -v Warning \
+          | tee -a "$OUT/dit_host.txt" | grep -E "^(# |plain |native)"
+      done
+      timeout "${HOST_SECONDS:-150}" $py benchmarks/lnm_error.py 2>&1 | grep -v Warn | tee "$OUT/lnm_error.txt"
       ;;
     sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point,
       # each point compiled first by 8 processes at once (--prewarm), then timed alone from Inductor's warm cache.

@@ -13,9 +13,16 @@ Variants (same weights, torch.compile(fullgraph=True), default mode unless eager
   eager-plain, eager-auto   the two twins uncompiled
   eager-fused      eager-auto with the two fused kernels pinned ("fused" uncompiled)
   eager-fused-lg   eager-fused with linear_gelu's kernel form (cuBLASLt's GELU epilogue) pinned too
+  native           DiT, every op native (all native: the plain twin's kernels but the RoPE prologue)
+  native+OP[+OP]   every op native but OP's kernel (the sweep's one-kernel variants)
 
-Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_host_probe.py [--tokens 1024] [--variants plain,auto,...]
-             [--profile fused,eager-auto] [--code out/code]
+Issue 32's default-mode sweep points (`--shape DIMxHEADS:BATCH:TOKENS`, depth 4): where plain's default-mode time is
+its host time (1152x16 b8 n256: 0.938 ms default against 0.779 under CUDA graphs, H100 2026-12-06), ours auto lost
+3% with the same kernels as all native, and native+layer_norm_modulate lost 17-27% to all native in default mode but
+2-5% graphed: the host ms and launchers columns say whether a loss is host time.
+
+Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_host_probe.py [--tokens 1024 | --shape 1280x16:8:256]
+             [--variants plain,auto,native,native+layer_norm_modulate] [--profile fused,eager-auto] [--code DIR]
 With TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 (a fresh process and TORCHINDUCTOR_CACHE_DIR: Inductor
 keeps a kernel's launcher with its loaded module) our kernels launch through Inductor's static launcher, as its own
 kernels do; the "launchers" line after each compile says which launcher each kernel got.
@@ -39,7 +46,7 @@ from fullgraph.bench import breakdown as bd
 from fullgraph.timing import round_medians
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/, where dit_kernels.py lives
-from dit_kernels import twins
+from dit_kernels import known_variant, sweep_shape, twins, variant_policy
 
 FUSED = {"qk_norm_rope": "kernel", "layer_norm_modulate": "kernel"}
 VARIANTS = {  # name -> (plain model?, policy, compiled?)
@@ -102,27 +109,35 @@ def launcher_kinds(before: set) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--shape", help="DIMxHEADS:BATCH:TOKENS, a sweep point at depth 4 (instead of dit_3072 b1)")
     ap.add_argument("--variants", default="plain,auto,fused,eager-plain,eager-auto,eager-fused,eager-fused-lg")
     ap.add_argument("--profile", default="auto,fused,eager-auto,eager-plain,eager-fused")
     ap.add_argument("--code", default=None)
     ap.add_argument("--calls", type=int, default=60)
     args = ap.parse_args()
     wanted = args.variants.split(",")
-    if unknown := [v for v in wanted if v not in VARIANTS]:
-        ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
-    ours, plain, x, c = twins(args.tokens, "cuda")
+    if unknown := [v for v in wanted if v not in VARIANTS and not (v.startswith("native") and known_variant(v))]:
+        ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}, native, native+OP[+OP]")
+    if args.shape:
+        dim, heads, batch, tokens = sweep_shape(ap, args.shape)
+        ours, plain, x, c = twins(tokens, "cuda", batch, dim=dim, heads=heads, depth=4)
+        what = f"DiT {dim} x {heads} heads x 4 blocks, batch {batch}, {tokens} tokens"
+    else:
+        ours, plain, x, c = twins(args.tokens, "cuda")
+        what = f"DiT 3072 x 24 heads x 4 blocks, {args.tokens} tokens"
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 2 * len(wanted))
     with torch.no_grad():
         reference = plain(x, c).float()
     fns, errors = {}, {}
     for name in wanted:
-        is_plain, pol, compiled = VARIANTS[name]
+        is_plain, pol, compiled = VARIANTS.get(name) or (False, variant_policy(name), True)
         model = plain if is_plain else ours
         if compiled:
             torch._dynamo.reset()
             model = torch.compile(model, fullgraph=True)
 
         def call(model=model, pol=pol):
-            with torch.no_grad(), ops.policy(all="auto", **pol):
+            with torch.no_grad(), ops.policy(**{"all": "auto", **pol}):
                 return model(x, c)
 
         before = {getattr(m, "__file__", None) for m in code_modules()}
@@ -138,10 +153,7 @@ def main() -> int:
             dump_code(pathlib.Path(args.code), name, before)
         fns[name] = call
     medians = round_medians(fns, device="cuda", rounds=5, reps=30)
-    print(
-        f"\nDiT 3072 x 24 heads x 4 blocks, {args.tokens} tokens, bf16, default mode (eager-*: uncompiled,"
-        " their ratio against eager-plain)"
-    )
+    print(f"\n{what}, bf16, default mode (eager-*: uncompiled, their ratio against eager-plain)")
     print(f"{'variant':14} {'b2b ms':>8} {'rounds':>13} {'host ms':>8} {'synced':>8} {'kernels':>8} {'kernel ms':>9}"
           f" {'idle':>6} {'plain/this':>10} {'err':>8}")  # fmt: skip
     base = statistics.median(medians[wanted[0]])

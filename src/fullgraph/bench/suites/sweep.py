@@ -171,6 +171,8 @@ def decided_ops(args) -> tuple[str, ...]:
     if not named:
         return () if getattr(args, "verify", False) else DECIDED_OPS
     ops = tuple(dict.fromkeys(o.strip() for o in named.split(",") if o.strip()))
+    if not ops:
+        raise UsageError(f"--ops {named!r} names no op; name one or more of {', '.join(DECIDED_OPS)}, or leave it out")
     if bad := [o for o in ops if o not in DECIDED_OPS]:
         raise UsageError(f"--ops: unknown {', '.join(bad)}; choose from {', '.join(DECIDED_OPS)}")
     return ops

@@ -1,0 +1,102 @@
+"""Why the DiT's error against fp32 grows 1.04-1.14x with `layer_norm_modulate`'s kernel alone (all other ops
+native; H100 sweeps of 2026-12-06, before and after the kernel normalised the float32 residual sum) while the op
+alone is as near float64 as Inductor's fusion of the native ops. Two looks, bf16 on the GPU:
+
+1. the op alone (gated residual, LayerNorm, modulation) at widths 1152, 1280 and 3072: y's and s's error against
+   float64, kernel and compiled native;
+2. the stack (depth 4, 1152x16 b2 n1024 unless --shape) under torch.compile: the output's error against the fp32
+   plain twin for all native, all native + the kernel, and each with Inductor's `keep_addmm_fused_for_half_dtypes`
+   flipped (whether the linears' bias adds fused into the consumers, which an opaque kernel cannot take, explain it).
+
+Run: PYTHONPATH=src python benchmarks/lnm_error.py [--shape 1152x16:2:1024] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from dit_kernels import twins
+
+from fullgraph import ops
+from fullgraph.models import dit as _dit  # noqa: F401
+
+D = sys.modules["fullgraph.models.dit"]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def op_level(dev, dtype):
+    from fullgraph.kernels.layer_norm import layer_norm_modulate_residual_fwd
+    from fullgraph.ops.modulation import layer_norm_modulate_native
+
+    native = torch.compile(lambda x, h, g, sh, sc: layer_norm_modulate_native(x, sh, sc, 1e-6, h, g))
+    for width in (1152, 1280, 3072):
+        torch.manual_seed(width)
+        x, h = (torch.randn(4, 256, width, device=dev, dtype=dtype) for _ in range(2))
+        g, sh, sc = (torch.randn(4, 1, width, device=dev, dtype=dtype) * 0.5 for _ in range(3))
+        x64, h64, g64, sh64, sc64 = (t.double() for t in (x, h, g, sh, sc))
+        s64 = x64 + g64 * h64
+        y64 = torch.nn.functional.layer_norm(s64, (width,), eps=1e-6) * (1 + sc64) + sh64
+        yk, sk = layer_norm_modulate_residual_fwd(x, h, g, sh, sc, 1e-6)
+        yn, sn = native(x, h, g, sh, sc)
+        print(
+            f"op width {width}: y err kernel {rel(yk, y64):.3e} native {rel(yn, y64):.3e}; "
+            f"s err kernel {rel(sk, s64):.3e} native {rel(sn, s64):.3e}; y kernel vs native {rel(yk, yn):.3e}"
+        )
+
+
+def model_level(dev, dtype, shape):
+    dims, b, n = shape.split(":")
+    dim, heads = (int(v) for v in dims.split("x"))
+    ours, plain, x, c = twins(int(n), dev, int(b), dim=dim, heads=heads, depth=4)
+    ref = D.PlainDiT(ours.cfg).eval().to(dev)
+    ref.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        expected = ref(x.float(), c.float())
+    cfg = torch._inductor.config
+    flags = [None] + ([True, False] if hasattr(cfg, "keep_addmm_fused_for_half_dtypes") else [])
+    for flag in flags:
+        saved = getattr(cfg, "keep_addmm_fused_for_half_dtypes", None)
+        if flag is not None:
+            cfg.keep_addmm_fused_for_half_dtypes = flag
+        try:
+            for name, model, pol in (
+                ("plain", plain, None),
+                ("all native", ours, {"all": "native"}),
+                ("native + lnm kernel", ours, {"all": "native", "layer_norm_modulate": "kernel"}),
+            ):
+                torch._dynamo.reset()
+                cm = torch.compile(model, fullgraph=True)
+                with torch.no_grad(), ops.policy(**pol) if pol else torch.autocast("cpu", enabled=False):
+                    got = cm(x, c)
+                print(f"model {shape} keep_addmm_fused={flag}: {name:22} err {rel(got.float(), expected):.5f}")
+        finally:
+            if flag is not None:
+                cfg.keep_addmm_fused_for_half_dtypes = saved
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1152x16:2:1024")
+    ap.add_argument("--small", action="store_true", help="CPU, fp16 under the interpreter, a small stack")
+    args = ap.parse_args()
+    if args.small or not torch.cuda.is_available():
+        op_level("cpu", torch.float16)
+        model_level("cpu", torch.float32, "128x2:1:16")
+        return 0
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    op_level("cuda", torch.bfloat16)
+    model_level("cuda", torch.bfloat16, args.shape)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
