@@ -248,7 +248,8 @@ def test_ops_names_the_one_kernel_variants_a_point_times_with_or_without_verify(
     args = argparse.Namespace(verify=True, ops="layer_norm_modulate,rope")
     with pytest.raises(sweep.UsageError, match="--ops: unknown rope; choose from linear_gelu, qk_norm_rope"):
         sweep.decided_ops(args)
-    with pytest.raises(sweep.UsageError, match="--ops ', ' names no op"):  # parsed to no op, it once timed no one-kernel variant, silently
+    # parsed to no op, it once timed no one-kernel variant, silently
+    with pytest.raises(sweep.UsageError, match="--ops ', ' names no op"):
         sweep.decided_ops(argparse.Namespace(verify=False, ops=", "))
 
 
