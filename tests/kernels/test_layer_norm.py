@@ -46,24 +46,29 @@ def test_opcheck(triton_device):
 # ---- gated residual + LayerNorm + modulation in one pass -----------------------------------------------------------
 
 
-def layer_norm_modulate_ref(x, shift, scale, h=None, gate=None, eps=1e-6):
-    """(y, s) in float64: s = x + gate * h (or x), y = LayerNorm(s) * (1 + scale) + shift, parameters per group."""
+def layer_norm_modulate_ref(x, shift, scale, h=None, gate=None, eps=1e-6, h2=None, gate2=None):
+    """(y, s) in float64: s = x + gate * h (+ gate2 * h2) (or x), y = LayerNorm(s) * (1 + scale) + shift, parameters
+    per group."""
     s = x.double() if h is None else gated_residual_ref(x, h, gate)
+    if h2 is not None:
+        s = gated_residual_ref(s, h2, gate2)
     return modulate_ref(layer_norm_ref(s, eps=eps), shift, scale), s
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c", [63, 128, 3072])
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("residual", [False, True], ids=["norm", "gated-residual"])
+@pytest.mark.parametrize("residual", [0, 1, 2], ids=["norm", "gated-residual", "two-branches"])
 def test_layer_norm_modulate_matches_float64(triton_device, residual, form, c, dtype):
     x_shape, p_shape = form_shapes(form, c)
     x = torch.randn(x_shape, device=triton_device, dtype=dtype) * 2 + 3  # an offset mean: centred before the norm
-    shift, scale, gate = (torch.randn(p_shape, device=triton_device, dtype=dtype) for _ in range(3))
+    shift, scale, gate, gate2 = (torch.randn(p_shape, device=triton_device, dtype=dtype) for _ in range(4))
     if residual:
         h = torch.randn(x_shape, device=triton_device, dtype=dtype)
-        y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6)
-        y_ref, s_ref = layer_norm_modulate_ref(x, shift, scale, h, gate)
+        h2 = torch.randn(x_shape, device=triton_device, dtype=dtype) if residual == 2 else None
+        g2 = gate2 if residual == 2 else None
+        y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6, h2, g2)
+        y_ref, s_ref = layer_norm_modulate_ref(x, shift, scale, h, gate, h2=h2, gate2=g2)
         assert_close(s, s_ref, dtype)
     else:
         y = layer_norm_modulate_fwd(x, shift, scale, 1e-6)
@@ -89,6 +94,11 @@ def test_layer_norm_modulate_opcheck(triton_device):
     torch.library.opcheck(torch.ops.fullgraph.layer_norm_modulate.default, (x, shift, scale.requires_grad_(), 1e-6))
     torch.library.opcheck(
         torch.ops.fullgraph.layer_norm_modulate_residual.default, (x, h.requires_grad_(), gate, shift, scale, 1e-6)
+    )
+    h2, gate2 = torch.randn_like(h), torch.randn_like(gate)
+    torch.library.opcheck(
+        torch.ops.fullgraph.layer_norm_modulate_residual.default,
+        (x, h, gate, shift, scale, 1e-6, h2.requires_grad_(), gate2.requires_grad_()),
     )
 
 

@@ -178,16 +178,34 @@ def test_layer_norm_modulate_follows_its_policy_and_counts_one_call(triton_devic
 
 
 @pytest.mark.parametrize("impl", ["native", "kernel"])
-def test_layer_norm_modulate_gradients_agree(triton_device, impl):
-    x, h, gate, shift, scale = (t.requires_grad_() for t in lnm_case("frames", 40, torch.float32, triton_device))
+def test_layer_norm_modulate_of_two_branches_is_their_one_sum(triton_device, impl):
+    # s = x + gate * h + gate2 * h2: a DiT block's two gated residuals in one op (the stream rounded once a block)
+    x, h, gate, shift, scale = lnm_case("B_1_C", 72, torch.bfloat16, triton_device)
+    h2, gate2 = torch.randn_like(h), torch.randn_like(gate)
+    before = dict(counters)
     with policy(layer_norm_modulate=impl):
-        y, s = layer_norm_modulate(x, shift, scale, h=h, gate=gate)
+        y, s = layer_norm_modulate(x, shift, scale, h=h, gate=gate, h2=h2, gate2=gate2)
+    added = {key: n - before.get(key, 0) for key, n in counters.items() if n != before.get(key, 0)}
+    assert added == {("layer_norm_modulate", "eager", impl): 1}
+    s_ref = layer_norm_modulate_ref(x, shift, scale, h, gate, h2=h2, gate2=gate2)[1]
+    ref_close(s, s_ref, torch.bfloat16, scale=2)
+    ref_close(y, layer_norm_modulate_ref(s, shift, scale)[0], torch.bfloat16, scale=2)
+
+
+@pytest.mark.parametrize("branches", [1, 2])
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_layer_norm_modulate_gradients_agree(triton_device, impl, branches):
+    x, h, gate, shift, scale = (t.requires_grad_() for t in lnm_case("frames", 40, torch.float32, triton_device))
+    extra = [torch.randn_like(h).requires_grad_(), torch.randn_like(gate).requires_grad_()] if branches == 2 else []
+    with policy(layer_norm_modulate=impl):
+        y, s = layer_norm_modulate(x, shift, scale, h=h, gate=gate, **dict(zip(("h2", "gate2"), extra, strict=False)))
     gy, gs = torch.randn_like(y), torch.randn_like(s)
     torch.autograd.backward((y, s), (gy, gs))
-    refs = [t.detach().double().requires_grad_() for t in (x, h, gate, shift, scale)]
-    y_ref, s_ref = layer_norm_modulate_ref(refs[0], refs[3], refs[4], refs[1], refs[2])
+    leaves = (x, h, gate, shift, scale, *extra)
+    refs = [t.detach().double().requires_grad_() for t in leaves]
+    y_ref, s_ref = layer_norm_modulate_ref(refs[0], refs[3], refs[4], refs[1], refs[2], 1e-6, *refs[5:])
     torch.autograd.backward((y_ref, s_ref), (gy.double(), gs.double()))
-    for got, ref in zip((x, h, gate, shift, scale), refs, strict=True):
+    for got, ref in zip(leaves, refs, strict=True):
         ref_close(got.grad, ref.grad, torch.float32)
 
 
@@ -213,6 +231,17 @@ def lnm_bad_inputs():
     x, h, gate, shift, scale = lnm_case("B_1_C", 16, torch.float32)
     return [
         ("h_without_gate", lambda: layer_norm_modulate(x, shift, scale, h=h), "give h and gate together"),
+        (
+            "h2_without_gate2",
+            lambda: layer_norm_modulate(x, shift, scale, h=h, gate=gate, h2=h),
+            "give h2 and gate2 together",
+        ),
+        ("h2_without_h", lambda: layer_norm_modulate(x, shift, scale, h2=h, gate2=gate), "give h and gate too"),
+        (
+            "gate2_shape",
+            lambda: layer_norm_modulate(x, shift, scale, h=h, gate=gate, h2=h, gate2=gate[:, 0]),
+            "gate2 must have shift's",
+        ),
         ("gate_shape", lambda: layer_norm_modulate(x, shift, scale, h=h, gate=gate[:, 0]), "gate must have shift's"),
         ("h_shape", lambda: layer_norm_modulate(x, shift, scale, h=h[:, :1], gate=gate), "h must have x's shape"),
         ("scale_shape", lambda: layer_norm_modulate(x, shift, scale[..., :8]), "shift and scale must have the same"),

@@ -10,7 +10,10 @@ one over memory). The kernel is RMSNorm's (`rms_norm.py`) with the row centered 
 `layer_norm_modulate_residual_fwd` puts the gated residual before them: s = x + gate · h, y = LN(s) · (1 + scale) +
 shift, returning (y, s); y is the norm of the float32 sum, s stored rounded. Traffic per row: read x and h, write s
 and y (4·C·bytes), where the three ops apart take ten passes (gated residual 3, LayerNorm 2, modulation 2 in float32
-plus its casts) and Inductor makes one of them.
+plus its casts) and Inductor makes one of them. A second branch (h2, gate2: s = x + gate · h + gate2 · h2) adds both
+of a DiT block's branches to its input in one float32 sum, rounded once: Inductor's fusion of the native ops keeps
+the stream in float32 across a block (it adds the attention branch again inside the next norm), and a DiT whose
+kernel rounded s after each branch had 1.04-1.14x all native's error (H100, 2026-12-06; `benchmarks/lnm_error.py`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def _fake_modulate(x, shift, scale, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _fake_modulate_residual(x, h, gate, shift, scale, eps):
+def _fake_modulate_residual(x, h, gate, shift, scale, eps, h2=None, gate2=None):
     return _fake_modulate(x, shift, scale, eps), _fake_modulate(x, shift, scale, eps)
 
 
@@ -48,7 +51,17 @@ def layer_norm_modulate_fwd(x: torch.Tensor, shift: torch.Tensor, scale: torch.T
 
 @kernel_op("layer_norm_modulate_residual", fake=_fake_modulate_residual)
 def layer_norm_modulate_residual_fwd(
-    x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float
+    x: torch.Tensor,
+    h: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float,
+    h2: torch.Tensor | None = None,
+    gate2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(LayerNorm(s) · (1 + scale) + shift, s) with s = x + gate · h, in one pass."""
-    return launch_row_norm(h, None, None, x, eps, center=True, gate=gate, shift=shift, scale=scale)
+    """(LayerNorm(s) · (1 + scale) + shift, s) with s = x + gate · h (+ gate2 · h2: a second branch in the same
+    float32 sum), in one pass."""
+    return launch_row_norm(
+        h, None, None, x, eps, center=True, gate=gate, shift=shift, scale=scale, branch=h2, gate2=gate2
+    )

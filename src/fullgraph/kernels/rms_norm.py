@@ -24,7 +24,9 @@ The kernel is LayerNorm's too (`layer_norm.py`): with CENTER it normalizes the r
 HAS_BIAS adds b after the weight. And it is the DiT's LayerNorm + adaLN modulation (`layer_norm_modulate_fwd`
 below): with GATE the residual is gated (s = residual + gate · x, the gate one row per group of rows, as
 modulation's parameters are), and with MODULATE the normalized row becomes y · (1 + scale) + shift, so a block's
-gated residual, LayerNorm and modulation are one pass: read x and the residual, write s and y.
+gated residual, LayerNorm and modulation are one pass: read x and the residual, write s and y. With GATE2 a second
+gated branch joins the sum (s = residual + gate · x + gate2 · x2): a DiT block's two branches added to its input in
+one float32 sum, so the stream is rounded once a block, as Inductor's fusion of the native ops rounds it.
 """
 
 from __future__ import annotations
@@ -55,12 +57,15 @@ def launch_row_norm(
     gate: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
+    branch: torch.Tensor | None = None,
+    gate2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, s): the norm of s = x (+ residual, or residual + gate · x) over the last dim, then y · (1 + scale) +
-    shift where given; s is y itself when there is no residual. gate, shift and scale: one row of the last dim per
-    group of x's rows (`modulate.groups`), any leading shape."""
+    """(y, s): the norm of s = x (+ residual, or residual + gate · x, + gate2 · branch with a second branch) over
+    the last dim, then y · (1 + scale) + shift where given; s is y itself when there is no residual. gate, gate2,
+    shift and scale: one row of the last dim per group of x's rows (`modulate.groups`), any leading shape."""
     x2 = as_rows(x)
     r2 = as_rows(residual) if residual is not None else x2
+    b2 = as_rows(branch) if branch is not None else x2
     n_rows, n_cols = x2.shape
     # the kernel writes whole 2-D buffers, viewed as x's shape after: a write into a view would make
     # functionalization (torch.compile traces into the launcher) replay it with copies, two kernels per call
@@ -68,16 +73,18 @@ def launch_row_norm(
     s = torch.empty_like(y) if residual is not None else y
     param = gate if gate is not None else shift
     n_groups, per_group = groups(x2, param) if param is not None else (1, n_rows)
-    g, sh, sc = (p.reshape(n_groups, n_cols).contiguous() if p is not None else x2 for p in (gate, shift, scale))
+    g, g2, sh, sc = (
+        p.reshape(n_groups, n_cols).contiguous() if p is not None else x2 for p in (gate, gate2, shift, scale)
+    )
     if n_rows:
         (block_a, block_b, block_c), rows, num_warps = row_launch_config(n_cols, n_rows)
         grid = ((n_rows + rows - 1) // rows,)
-        strides = (x2.stride(0), r2.stride(0), y.stride(0), s.stride(0))
+        strides = (x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), b2.stride(0))
         launch(_row_norm_fwd_kernel())[grid](
-            x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s, g, sh, sc,
+            x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s, g, sh, sc, b2, g2,
             n_rows, *strides, max(per_group, 1), eps,
             CENTER=center, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-            HAS_BIAS=bias is not None, GATE=gate is not None, MODULATE=shift is not None,
+            HAS_BIAS=bias is not None, GATE=gate is not None, GATE2=branch is not None, MODULATE=shift is not None,
             ROWS=rows, N_COLS=n_cols, ALIGN=alignment(*strides), BLOCK_A=block_a, BLOCK_B=block_b, BLOCK_C=block_c,
             num_warps=num_warps,
         )  # fmt: skip

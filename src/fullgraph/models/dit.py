@@ -13,10 +13,11 @@ video (frames x height x width: the head dim split in three, each part rotated b
 the open video DiTs). `ada` starts at zero (adaLN-Zero: every block starts as the identity); randomize the weights
 to compare the two forms.
 
-`DiT` uses `fullgraph.ops`: layer_norm_modulate (the gated residual, LayerNorm and modulation as one op; each MLP's
-gated residual is carried into the next block's first norm, the last into the final norm), qk_norm_rope (the q/k
-RMSNorm and RoPE as one op; RMSNorm alone without RoPE), linear_gelu, skinny_linear (the adaLN projections of the
-conditioning: a few rows, a read of the weight) and attention, so each op's policy picks native or kernel;
+`DiT` uses `fullgraph.ops`: layer_norm_modulate (the gated residual, LayerNorm and modulation as one op; both of a
+block's gated residuals are carried into the next block's first norm, the last block's into the final norm),
+qk_norm_rope (the q/k RMSNorm and RoPE as one op; RMSNorm alone without RoPE), linear_gelu, skinny_linear (the adaLN
+projections of the conditioning: a few rows, a read of the weight) and attention, so each op's policy picks native
+or kernel;
 `PlainDiT` writes the same computation with `F.layer_norm`, a rotate-half RoPE and SDPA, the way users write it
 today. Both load each other's state dicts: the comparison in the DiT issue.
 This module imports `ops` only (DESIGN.md, Layers): compile it from outside.
@@ -142,10 +143,12 @@ class DiTBlock(nn.Module):
         _block_params(self, cfg, ops.RMSNorm)
 
     def forward(self, x, c, rope=None, pending=None, finish: bool = True):
-        """x [B, N, C] -> the block's output. The MLP's gated residual (x + gate2 * mlp) is the one step that can
-        join the next norm: with `finish=False` the block returns (x, pending) without it, pending = (mlp, gate2),
-        and the next block (or the stack's final norm) takes it as `pending`, adding it inside its own
-        `layer_norm_modulate`: one pass where the ops apart take several."""
+        """x [B, N, C] -> the block's output x + gate1 * attn + gate2 * mlp. Both gated residuals can join the next
+        norm: with `finish=False` the block returns (x, pending) without them, pending = (attn, gate1, mlp, gate2),
+        and the next block (or the stack's final norm) takes it as `pending`, adding both branches inside its own
+        `layer_norm_modulate` in one float32 sum: one pass where the ops apart take several, and the residual stream
+        rounded once a block, as Inductor's fusion of the native ops rounds it (rounded after each branch, the DiT's
+        error with the kernel was 1.04-1.14x all native's on an H100; `benchmarks/lnm_error.py`)."""
         f = self._forms(x, rope is not None, finish)
         ada = f.skinny_linear(F.silu(c), self.ada.weight, self.ada.bias)  # [B, 6C]: a read of the weight
         shift1, scale1, gate1, shift2, scale2, gate2 = _modulation(ada, 6)  # each [B, 1, C]
@@ -158,10 +161,12 @@ class DiTBlock(nn.Module):
             q, k = f.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, *rope, self.eps, False, 1)
         else:
             q, k = f.rms_norm(self.q_norm, q), f.rms_norm(self.k_norm, k)
-        a = f.attention(q, k, v)  # a: [B, N, H, D]
-        h, x = f.layer_norm_modulate(x, shift2, scale2, self.eps, self.proj(a.flatten(2)), gate1)
+        attn = self.proj(f.attention(q, k, v).flatten(2))
+        h = f.layer_norm_modulate(x, shift2, scale2, self.eps, attn, gate1)[0]  # its sum is formed again below
         mlp = self.fc2(f.linear_gelu(h, self.fc1.weight, self.fc1.bias, "tanh"))
-        return f.gated_residual(x, mlp, gate2) if finish else (x, (mlp, gate2))
+        if finish:
+            return f.gated_residual(f.gated_residual(x, attn, gate1), mlp, gate2)
+        return x, (attn, gate1, mlp, gate2)
 
     def _forms(self, x, rope: bool, finish: bool):
         """The ops this call runs: in inference each op's chosen form called directly (`ops.direct`: the block's
@@ -180,7 +185,7 @@ class DiTBlock(nn.Module):
 # and modulations inside op layer_norm_modulate.
 _CALLS = {
     (rope, finish): f"layer_norm_modulate:2,{'qk_norm_rope:1' if rope else 'rms_norm:2'},linear_gelu:1,skinny_linear:1"
-    + (",gated_residual:1" if finish else "")
+    + (",gated_residual:2" if finish else "")
     for rope in (False, True)
     for finish in (False, True)
 }
@@ -213,8 +218,8 @@ def _checked_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, 
     return ops.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=eps, interleaved=interleaved, layout=layout)
 
 
-def _checked_layer_norm_modulate(x, shift, scale, eps, h=None, gate=None):
-    return ops.layer_norm_modulate(x, shift, scale, eps, h=h, gate=gate)
+def _checked_layer_norm_modulate(x, shift, scale, eps, h=None, gate=None, h2=None, gate2=None):
+    return ops.layer_norm_modulate(x, shift, scale, eps, h=h, gate=gate, h2=h2, gate2=gate2)
 
 
 # The same forms through fullgraph.ops' checked entries (rms_norm as the block's own module, with its policy).
@@ -296,14 +301,16 @@ class DiT(_Stack):
         return self
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """x: tokens [B, N, dim]; c: conditioning [B, dim]. Each block hands its MLP's gated residual to the next
+        """x: tokens [B, N, dim]; c: conditioning [B, dim]. Each block hands its two gated residuals to the next
         block's first norm (`DiTBlock.forward`, finish=False), the last one to the final norm."""
         self._check(x, c)
         rope = self._rope(x.shape[1])
         pending = None
         for block in self.blocks:
             if must_call_as_usual(block):  # watched or replaced: its usual call, on a finished x
-                x = x if pending is None else self._forms(x, "gated_residual:1").gated_residual(x, *pending)
+                if pending is not None:  # both branches of the last block, as its finished call adds them
+                    f = self._forms(x, "gated_residual:2")
+                    x = f.gated_residual(f.gated_residual(x, *pending[:2]), *pending[2:])
                 x, pending = block(x, c, rope), None
             else:
                 x, pending = block(x, c, rope, pending, finish=False)

@@ -143,41 +143,51 @@ def gated_residual(x, h, gate):
     return run("gated_residual", gated_residual_native, gated_residual_kernel, x, h, gate)
 
 
-def layer_norm_modulate_native(x, shift, scale, eps: float = 1e-6, h=None, gate=None):
-    """The ops apart, each native: (gated_residual), LayerNorm without affine, modulate; Inductor fuses them."""
+def layer_norm_modulate_native(x, shift, scale, eps: float = 1e-6, h=None, gate=None, h2=None, gate2=None):
+    """The ops apart, each native: (gated_residual, and a second one for h2), LayerNorm without affine, modulate;
+    Inductor fuses them (and adds both branches in one float32 sum)."""
     s = x if h is None else gated_residual_native(x, h, gate)
+    if h2 is not None:
+        s = gated_residual_native(s, h2, gate2)
     y = modulate_native(layer_norm_native(s, None, None, eps), shift, scale)
     return y if h is None else (y, s)
 
 
-def layer_norm_modulate_kernel(x, shift, scale, eps: float = 1e-6, h=None, gate=None):
-    """One pass (`kernels/layer_norm.py`): read x (and h), write y (and s), float32 math rounded once each."""
+def layer_norm_modulate_kernel(x, shift, scale, eps: float = 1e-6, h=None, gate=None, h2=None, gate2=None):
+    """One pass (`kernels/layer_norm.py`): read x (and h, h2), write y (and s), float32 math rounded once each."""
     if h is None:
         return call_kernel(layer_norm_modulate_fwd, x, shift, scale, eps)
-    return call_kernel(layer_norm_modulate_residual_fwd, x, h, gate, shift, scale, eps)
+    return call_kernel(layer_norm_modulate_residual_fwd, x, h, gate, shift, scale, eps, h2, gate2)
 
 
 backward_from_native(layer_norm_modulate_fwd, layer_norm_modulate_native)
 backward_from_native(
     layer_norm_modulate_residual_fwd,
-    lambda x, h, gate, shift, scale, eps: layer_norm_modulate_native(x, shift, scale, eps, h, gate),
+    lambda x, h, gate, shift, scale, eps, h2=None, gate2=None: layer_norm_modulate_native(
+        x, shift, scale, eps, h, gate, h2, gate2
+    ),
 )
 KNOWN_OPS.add("layer_norm_modulate")  # a functional op without a module: named here so policies may name it
 
 
-def layer_norm_modulate(x, shift, scale, eps: float = 1e-6, *, h=None, gate=None):
+def layer_norm_modulate(x, shift, scale, eps: float = 1e-6, *, h=None, gate=None, h2=None, gate2=None):
     """`modulate(layer_norm(x), shift, scale)` (LayerNorm without affine, as adaLN uses it); with `h` and `gate`,
     of s = `gated_residual(x, h, gate)`, returning (y, s): a DiT block's residual, norm and modulation as one op
-    (policy of op `layer_norm_modulate`). Parameters as `modulate`'s, gate of shift's shape."""
+    (policy of op `layer_norm_modulate`). With `h2` and `gate2` too, s = x + gate * h + gate2 * h2: a block's two
+    branches in one sum, rounded once (the kernel's, as Inductor's fusion of the native ops). Parameters as
+    `modulate`'s, gate and gate2 of shift's shape."""
     check_modulate_inputs(x, shift, scale)
-    if (h is None) != (gate is None):
-        raise UsageError("give h and gate together (the gated residual x + gate * h), or neither")
-    if h is not None:
-        check_gated_residual_inputs(x, h, gate)
-        if gate.shape != shift.shape:
-            raise UsageError(f"gate must have shift's shape {tuple(shift.shape)}, got {tuple(gate.shape)}")
+    for name, gate_name, branch, g in (("h", "gate", h, gate), ("h2", "gate2", h2, gate2)):
+        if (branch is None) != (g is None):
+            raise UsageError(f"give {name} and {gate_name} together (the gated residual x + gate * h), or neither")
+        if branch is not None:
+            check_gated_residual_inputs(x, branch, g)
+            if g.shape != shift.shape:
+                raise UsageError(f"{gate_name} must have shift's shape {tuple(shift.shape)}, got {tuple(g.shape)}")
+    if h2 is not None and h is None:
+        raise UsageError("h2 and gate2 are a second branch: give h and gate too")
     return run("layer_norm_modulate", layer_norm_modulate_native, layer_norm_modulate_kernel, x, shift, scale, eps, h,
-               gate)  # fmt: skip
+               gate, h2, gate2)  # fmt: skip
 
 
 class Modulate(CustomOp):
