@@ -218,18 +218,27 @@ for step in $steps; do
       done
       ;;
     dit-host)  # issue 32, default mode: where ours loses at the host-bound points (plain's default-mode median there
-      # is its host time: 1152x16 b8 n256 0.938 ms default against 0.779 under CUDA graphs, H100 2026-12-06), the host
-      # part of each variant's call and cProfile (benchmarks/dit_host.py), each kernel of the one-kernel variant
-      # that lost 17-27% in default mode but 2-5% graphed (dit_kernels.py), and that kernel's error (lnm_error.py)
-      for shape in ${HOST_SHAPES:-1280x16:8:256 1152x16:2:1024}; do
+      # is its host time: 1152x16 b8 n256 0.938 ms default against 0.779 under CUDA graphs, H100 2026-12-06): each
+      # variant's host ms, kernels, launchers and cProfile (probes/dit_host_probe.py), kernel by kernel the
+      # one-kernel variant that lost 17-27% in default mode but 2-5% graphed (dit_kernels.py), the same with our
+      # kernels through Inductor's static launcher, and that kernel's error (lnm_error.py). HOST_SECONDS caps each.
+      for shape in ${HOST_SHAPES:-1280x16:8:256}; do  # one shape fits a call (1152x16:2:1024 lost too)
         echo "--- $shape $(date -u +%H:%M:%S)" | tee -a "$OUT/dit_host.txt"
-        timeout "${HOST_SECONDS:-150}" $py benchmarks/dit_host.py --shape "$shape" 2>&1 | grep -v Warning \
-          | tee -a "$OUT/dit_host.txt" | head -50
-        timeout "${HOST_SECONDS:-150}" $py benchmarks/dit_kernels.py --shape "$shape" --mode default --by diff \
+        timeout "${HOST_SECONDS:-120}" $py benchmarks/probes/dit_host_probe.py --shape "$shape" \
+          --variants plain,auto,native,native+layer_norm_modulate --profile plain,native 2>&1 | grep -v Warning \
+          | tee -a "$OUT/dit_host.txt" | grep -v "^ "
+        timeout "${HOST_SECONDS:-120}" $py benchmarks/dit_kernels.py --shape "$shape" --mode default --by diff \
           --variants native+layer_norm_modulate,native,plain --top 20 2>&1 | grep -v Warning \
           | tee -a "$OUT/dit_host.txt" | grep -E "^(# |plain |native)"
       done
-      timeout "${HOST_SECONDS:-150}" $py benchmarks/lnm_error.py 2>&1 | grep -v Warn | tee "$OUT/lnm_error.txt"
+      # user-defined kernels take Triton's own launcher unless this is set; a fresh Inductor cache, since a cached
+      # kernel keeps the launcher it was loaded with: does the kernel variant's default-mode loss go?
+      echo "--- static launch of user kernels $(date -u +%H:%M:%S)" | tee -a "$OUT/dit_host.txt"
+      TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) \
+        timeout "${HOST_SECONDS:-120}" $py benchmarks/probes/dit_host_probe.py --shape 1280x16:8:256 \
+        --variants plain,native,native+layer_norm_modulate --profile none 2>&1 | grep -v Warning \
+        | tee -a "$OUT/dit_host.txt" | grep -v "^ "
+      timeout "${HOST_SECONDS:-120}" $py benchmarks/lnm_error.py 2>&1 | grep -v Warn | tee "$OUT/lnm_error.txt"
       ;;
     sweep)  # issue 32: the grid (DiT by head dim, ViT B/L/H/S), ours auto against the plain twin, a process per point,
       # each point compiled first by 8 processes at once (--prewarm), then timed alone from Inductor's warm cache.

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import logging
 import pathlib
 import pstats
 import statistics
@@ -90,6 +91,24 @@ def dump_code(directory: pathlib.Path, name: str, before: set) -> None:
             (directory / f"{name}_{i}.py").write_text(text)
 
 
+class _Bypassed(logging.Handler):
+    """Inductor's reasons for launching a kernel through Triton's own launcher (its "Bypassing
+    StaticallyLaunchedCudaKernel due to ..." info lines), collected while a variant compiles."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.reasons: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "Bypassing" in text:
+            reason = text.split(" due to ", 1)[-1][:80]
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+
+BYPASSED = _Bypassed()
+
+
 def launcher_kinds(before: set) -> dict[str, int]:
     """How the kernels of the Inductor modules loaded since `before` launch: the runner type behind each launcher
     (StaticallyLaunchedCudaKernel: Inductor's static launcher; anything else: Triton's own), user kernels apart."""
@@ -115,6 +134,9 @@ def main() -> int:
     ap.add_argument("--code", default=None)
     ap.add_argument("--calls", type=int, default=60)
     args = ap.parse_args()
+    heuristics = logging.getLogger("torch._inductor.runtime.triton_heuristics")
+    heuristics.addHandler(BYPASSED)
+    heuristics.setLevel(min(heuristics.getEffectiveLevel(), logging.INFO))
     wanted = args.variants.split(",")
     if unknown := [v for v in wanted if v not in VARIANTS and not (v.startswith("native") and known_variant(v))]:
         ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}, native, native+OP[+OP]")
@@ -148,7 +170,8 @@ def main() -> int:
         print(f"{name}: first two calls {time.perf_counter() - t0:.1f} s", flush=True)
         errors[name] = ((out.float() - reference).norm() / reference.norm()).item()
         if compiled:
-            print(f"  launchers: {launcher_kinds(before)}", flush=True)
+            print(f"  launchers: {launcher_kinds(before)}; Triton's launcher because: {BYPASSED.reasons}", flush=True)
+            BYPASSED.reasons.clear()
         if args.code and compiled:
             dump_code(pathlib.Path(args.code), name, before)
         fns[name] = call
