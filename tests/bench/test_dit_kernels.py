@@ -43,3 +43,14 @@ def test_a_bad_shape_is_refused_with_the_form(dk, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         dk.main()
     assert e.value.code == 2 and "write DIMxHEADS:BATCH:TOKENS" in capsys.readouterr().err
+
+
+def test_a_one_kernel_variant_runs_all_native_but_the_ops_it_names(dk, monkeypatch, capsys):
+    assert dk.variant_policy("native+layer_norm_modulate+qk_norm_rope") == {
+        "all": "native", "layer_norm_modulate": "kernel", "qk_norm_rope": "kernel"
+    }  # fmt: skip
+    assert dk.variant_policy("plain") is None and dk.variant_policy("auto") == {"all": "auto"}
+    monkeypatch.setattr(sys, "argv", ["dit_kernels.py", "--small", "--variants", "plain,native+no_such_op"])
+    with pytest.raises(SystemExit) as e:
+        dk.main()
+    assert e.value.code == 2 and "unknown variant(s) ['native+no_such_op']" in capsys.readouterr().err
