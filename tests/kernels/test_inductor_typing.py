@@ -28,6 +28,8 @@ def test_every_kernel_builds_with_inductors_argument_types():
         "ok rms_norm",
         "ok qk_norm_rope",
         "ok layer_norm_modulate_residual",
+        "ok layer_norm_modulate_residual two branches 1408",
+        "ok layer_norm_modulate_residual_y 1408",
         "ok flash_attention tma=1 ws=1 causal=1",
         "ok flash_attention ws_tile",
     }

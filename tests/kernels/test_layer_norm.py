@@ -2,7 +2,12 @@ import pytest
 import torch
 
 import fullgraph.ops  # noqa: F401  (registers torch.ops.fullgraph.*)
-from fullgraph.kernels.layer_norm import layer_norm_fwd, layer_norm_modulate_fwd, layer_norm_modulate_residual_fwd
+from fullgraph.kernels.layer_norm import (
+    layer_norm_fwd,
+    layer_norm_modulate_fwd,
+    layer_norm_modulate_residual_fwd,
+    layer_norm_modulate_residual_y_fwd,
+)
 from tests.kernels.reference import assert_close, layer_norm_ref, poison_new_tensors, rel_err
 from tests.kernels.test_modulate import FORMS, form_shapes, gated_residual_ref, modulate_ref
 
@@ -77,6 +82,17 @@ def test_layer_norm_modulate_matches_float64(triton_device, residual, form, c, d
     assert_close(y, y_ref, dtype)  # y is the norm of the float32 sum: s's rounding does not reach it
 
 
+@pytest.mark.parametrize("c", [72, 1152])
+def test_the_y_only_form_writes_the_same_y_and_no_sum(triton_device, c):
+    # a DiT block's second norm: its sum is formed again by the next block's first norm, so only y is written
+    x, h = (torch.randn(3, 5, c, device=triton_device, dtype=torch.float16) for _ in range(2))
+    gate, shift, scale = (torch.randn(3, 1, c, device=triton_device, dtype=torch.float16) for _ in range(3))
+    y_only = layer_norm_modulate_residual_y_fwd(x, h, gate, shift, scale, 1e-6)
+    y, _ = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6)
+    assert isinstance(y_only, torch.Tensor) and torch.equal(y_only, y)
+    assert_close(y_only, layer_norm_modulate_ref(x, shift, scale, h, gate)[0], torch.float16)
+
+
 def test_layer_norm_modulate_takes_each_rows_own_group(triton_device):
     # 3 batch elements, their shift rows far apart: a row reading its neighbour's group would show at once
     x = torch.randn(3, 5, 64, device=triton_device)
@@ -100,6 +116,7 @@ def test_layer_norm_modulate_opcheck(triton_device):
         torch.ops.fullgraph.layer_norm_modulate_residual.default,
         (x, h, gate, shift, scale, 1e-6, h2.requires_grad_(), gate2.requires_grad_()),
     )
+    torch.library.opcheck(torch.ops.fullgraph.layer_norm_modulate_residual_y.default, (x, h, gate, shift, scale, 1e-6))
 
 
 @pytest.mark.parametrize("width", [72, 88, 112, 123, 1152, 1408])

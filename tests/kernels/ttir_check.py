@@ -158,6 +158,17 @@ def cases():
         "layer_norm_modulate_residual 1408",
         lambda: layer_norm.layer_norm_modulate_residual_fwd.launcher(x1408, x1408, p1408, p1408, p1408, 1e-6),
     )
+    # a DiT block's two branches in one sum (the next block's first norm), and its second norm writing y alone
+    yield (
+        "layer_norm_modulate_residual two branches 1408",
+        lambda: layer_norm.layer_norm_modulate_residual_fwd.launcher(
+            x1408, x1408, p1408, p1408, p1408, 1e-6, x1408, p1408
+        ),
+    )
+    yield (
+        "layer_norm_modulate_residual_y 1408",
+        lambda: layer_norm.layer_norm_modulate_residual_y_fwd.launcher(x1408, x1408, p1408, p1408, p1408, 1e-6),
+    )
     yield "modulate", lambda: modulate.modulate_fwd.launcher(x, shift, shift)
     yield "gated_residual", lambda: modulate.gated_residual_fwd.launcher(x, x, shift)
     for tma, ws in ((False, False), (True, False), (True, True)):

@@ -192,6 +192,17 @@ def test_layer_norm_modulate_of_two_branches_is_their_one_sum(triton_device, imp
     ref_close(y, layer_norm_modulate_ref(s, shift, scale)[0], torch.bfloat16, scale=2)
 
 
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_layer_norm_modulate_without_the_sum_returns_y_alone(triton_device, impl):
+    x, h, gate, shift, scale = lnm_case("B_1_C", 72, torch.bfloat16, triton_device)
+    h2, gate2 = torch.randn_like(h), torch.randn_like(gate)
+    with policy(layer_norm_modulate=impl):
+        y, _ = layer_norm_modulate(x, shift, scale, h=h, gate=gate, h2=h2, gate2=gate2)
+        alone = layer_norm_modulate(x, shift, scale, h=h, gate=gate, h2=h2, gate2=gate2, return_sum=False)
+    assert isinstance(alone, torch.Tensor)
+    torch.testing.assert_close(alone, y, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("branches", [1, 2])
 @pytest.mark.parametrize("impl", ["native", "kernel"])
 def test_layer_norm_modulate_gradients_agree(triton_device, impl, branches):
@@ -254,3 +265,16 @@ def test_layer_norm_modulate_bad_input_names_the_argument(case):
     _, call, message = case
     with pytest.raises(UsageError, match=message):
         call()
+
+
+@pytest.mark.parametrize("impl", ["native", "kernel"])
+def test_layer_norm_modulate_without_the_sum_has_the_gradients_of_y(triton_device, impl):
+    x, h, gate, shift, scale = (t.requires_grad_() for t in lnm_case("frames", 40, torch.float32, triton_device))
+    with policy(layer_norm_modulate=impl):
+        y = layer_norm_modulate(x, shift, scale, h=h, gate=gate, return_sum=False)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    refs = [t.detach().double().requires_grad_() for t in (x, h, gate, shift, scale)]
+    layer_norm_modulate_ref(refs[0], refs[3], refs[4], refs[1], refs[2])[0].backward(gy.double())
+    for got, ref in zip((x, h, gate, shift, scale), refs, strict=True):
+        ref_close(got.grad, ref.grad, torch.float32)

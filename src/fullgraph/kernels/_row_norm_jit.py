@@ -18,10 +18,10 @@ import triton.language as tl
 def _piece_in(
     X, R, S, G, X2, G2, rows, row_ok, group_row, stride_x, stride_r, stride_s, stride_x2,
     N_COLS: tl.constexpr, ALIGN: tl.constexpr, OFF: tl.constexpr, BLOCK: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, GATE: tl.constexpr, GATE2: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, GATE: tl.constexpr, GATE2: tl.constexpr, STORE_S: tl.constexpr,
 ):  # fmt: skip
     """One piece of the rows, float32, 0 past the row: x, or s = x + residual (residual + gate · x, and + gate2 · x2
-    with a second branch) stored to S."""
+    with a second branch), stored to S unless the caller needs only y (STORE_S false)."""
     cols = OFF + tl.arange(0, BLOCK)[None, :]
     mask = row_ok & (cols < N_COLS) if OFF + BLOCK > N_COLS else row_ok
     x = tl.load(X + tl.multiple_of(rows * stride_x, ALIGN)[:, None] + cols, mask=mask, other=0.0).to(tl.float32)
@@ -37,7 +37,8 @@ def _piece_in(
         # s is stored rounded to its dtype, and y is the norm of the float32 sum, as Inductor's fusion of the native
         # ops computes it: normalising the rounded s added its rounding to y's error, and the DiT's output error
         # grew 1.06-1.19x over all native with this kernel alone (H100 sweep, 2026-12-06)
-        tl.store(S + tl.multiple_of(rows * stride_s, ALIGN)[:, None] + cols, x.to(S.dtype.element_ty), mask=mask)
+        if STORE_S:
+            tl.store(S + tl.multiple_of(rows * stride_s, ALIGN)[:, None] + cols, x.to(S.dtype.element_ty), mask=mask)
     return x
 
 
@@ -79,8 +80,8 @@ def fullgraph_row_norm(
     X, R, W, B, Y, S, G, SHIFT, SCALE, X2, G2,
     n_rows, stride_x, stride_r, stride_y, stride_s, stride_x2, rows_per_group, eps,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GATE: tl.constexpr, GATE2: tl.constexpr, MODULATE: tl.constexpr, ROWS: tl.constexpr, N_COLS: tl.constexpr,
-    ALIGN: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
+    GATE: tl.constexpr, GATE2: tl.constexpr, STORE_S: tl.constexpr, MODULATE: tl.constexpr, ROWS: tl.constexpr,
+    N_COLS: tl.constexpr, ALIGN: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = (rows < n_rows)[:, None]
@@ -88,15 +89,15 @@ def fullgraph_row_norm(
     # the parameter row of each row's group (gate, shift, scale: [groups, N_COLS], contiguous)
     group_row = ((rows // rows_per_group) * N_COLS)[:, None]
     a = _piece_in(X, R, S, G, X2, G2, rows, row_ok, group_row, stride_x, stride_r, stride_s, stride_x2, N_COLS, ALIGN,
-                  0, BLOCK_A, HAS_RESIDUAL, GATE, GATE2)  # fmt: skip
+                  0, BLOCK_A, HAS_RESIDUAL, GATE, GATE2, STORE_S)  # fmt: skip
     total = tl.sum(a, axis=1)
     if BLOCK_B > 0:
         b = _piece_in(X, R, S, G, X2, G2, rows, row_ok, group_row, stride_x, stride_r, stride_s, stride_x2, N_COLS,
-                      ALIGN, BLOCK_A, BLOCK_B, HAS_RESIDUAL, GATE, GATE2)  # fmt: skip
+                      ALIGN, BLOCK_A, BLOCK_B, HAS_RESIDUAL, GATE, GATE2, STORE_S)  # fmt: skip
         total += tl.sum(b, axis=1)
     if BLOCK_C > 0:
         c = _piece_in(X, R, S, G, X2, G2, rows, row_ok, group_row, stride_x, stride_r, stride_s, stride_x2, N_COLS,
-                      ALIGN, BLOCK_A + BLOCK_B, BLOCK_C, HAS_RESIDUAL, GATE, GATE2)  # fmt: skip
+                      ALIGN, BLOCK_A + BLOCK_B, BLOCK_C, HAS_RESIDUAL, GATE, GATE2, STORE_S)  # fmt: skip
         total += tl.sum(c, axis=1)
     # LayerNorm: the biased variance is the mean square of the centered row; RMSNorm: mean 0
     mean = (total / N_COLS)[:, None] if CENTER else 0.0

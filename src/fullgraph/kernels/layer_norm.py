@@ -23,6 +23,8 @@ import torch
 from fullgraph.kernels._library import kernel_op
 from fullgraph.kernels.rms_norm import launch_row_norm
 
+T = torch.Tensor
+
 
 def _fake(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -49,6 +51,10 @@ def layer_norm_modulate_fwd(x: torch.Tensor, shift: torch.Tensor, scale: torch.T
     return launch_row_norm(x, None, None, None, eps, center=True, shift=shift, scale=scale)[0]
 
 
+def _fake_modulate_residual_y(x, h, gate, shift, scale, eps):
+    return _fake_modulate(x, shift, scale, eps)
+
+
 @kernel_op("layer_norm_modulate_residual", fake=_fake_modulate_residual)
 def layer_norm_modulate_residual_fwd(
     x: torch.Tensor,
@@ -65,3 +71,10 @@ def layer_norm_modulate_residual_fwd(
     return launch_row_norm(
         h, None, None, x, eps, center=True, gate=gate, shift=shift, scale=scale, branch=h2, gate2=gate2
     )
+
+
+@kernel_op("layer_norm_modulate_residual_y", fake=_fake_modulate_residual_y)
+def layer_norm_modulate_residual_y_fwd(x: T, h: T, gate: T, shift: T, scale: T, eps: float) -> T:
+    """`layer_norm_modulate_residual_fwd`'s y alone (one branch): s is not written (a DiT block's second norm, whose
+    sum the next block's first norm forms again), so the pass reads x and h and writes y (3·C·bytes a row)."""
+    return launch_row_norm(h, None, None, x, eps, center=True, gate=gate, shift=shift, scale=scale, keep_sum=False)[0]

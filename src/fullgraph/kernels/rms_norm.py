@@ -59,10 +59,12 @@ def launch_row_norm(
     scale: torch.Tensor | None = None,
     branch: torch.Tensor | None = None,
     gate2: torch.Tensor | None = None,
+    keep_sum: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, s): the norm of s = x (+ residual, or residual + gate · x, + gate2 · branch with a second branch) over
     the last dim, then y · (1 + scale) + shift where given; s is y itself when there is no residual. gate, gate2,
-    shift and scale: one row of the last dim per group of x's rows (`modulate.groups`), any leading shape."""
+    shift and scale: one row of the last dim per group of x's rows (`modulate.groups`), any leading shape. With
+    `keep_sum=False` s is not written (only y is wanted) and y is returned in its place."""
     x2 = as_rows(x)
     r2 = as_rows(residual) if residual is not None else x2
     b2 = as_rows(branch) if branch is not None else x2
@@ -70,7 +72,8 @@ def launch_row_norm(
     # the kernel writes whole 2-D buffers, viewed as x's shape after: a write into a view would make
     # functionalization (torch.compile traces into the launcher) replay it with copies, two kernels per call
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    s = torch.empty_like(y) if residual is not None else y
+    store_s = residual is not None and keep_sum
+    s = torch.empty_like(y) if store_s else y
     param = gate if gate is not None else shift
     n_groups, per_group = groups(x2, param) if param is not None else (1, n_rows)
     g, g2, sh, sc = (
@@ -84,7 +87,8 @@ def launch_row_norm(
             x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s, g, sh, sc, b2, g2,
             n_rows, *strides, max(per_group, 1), eps,
             CENTER=center, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-            HAS_BIAS=bias is not None, GATE=gate is not None, GATE2=branch is not None, MODULATE=shift is not None,
+            HAS_BIAS=bias is not None, GATE=gate is not None, GATE2=branch is not None, STORE_S=store_s,
+            MODULATE=shift is not None,
             ROWS=rows, N_COLS=n_cols, ALIGN=alignment(*strides), BLOCK_A=block_a, BLOCK_B=block_b, BLOCK_C=block_c,
             num_warps=num_warps,
         )  # fmt: skip

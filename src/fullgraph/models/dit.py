@@ -162,7 +162,8 @@ class DiTBlock(nn.Module):
         else:
             q, k = f.rms_norm(self.q_norm, q), f.rms_norm(self.k_norm, k)
         attn = self.proj(f.attention(q, k, v).flatten(2))
-        h = f.layer_norm_modulate(x, shift2, scale2, self.eps, attn, gate1)[0]  # its sum is formed again below
+        h = f.layer_norm_modulate(x, shift2, scale2, self.eps, attn, gate1, None, None, False)  # y only: the sum
+        # x + gate1 * attn is formed again, with the MLP's branch, by the next norm
         mlp = self.fc2(f.linear_gelu(h, self.fc1.weight, self.fc1.bias, "tanh"))
         if finish:
             return f.gated_residual(f.gated_residual(x, attn, gate1), mlp, gate2)
@@ -218,8 +219,8 @@ def _checked_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, 
     return ops.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=eps, interleaved=interleaved, layout=layout)
 
 
-def _checked_layer_norm_modulate(x, shift, scale, eps, h=None, gate=None, h2=None, gate2=None):
-    return ops.layer_norm_modulate(x, shift, scale, eps, h=h, gate=gate, h2=h2, gate2=gate2)
+def _checked_layer_norm_modulate(x, shift, scale, eps, h=None, gate=None, h2=None, gate2=None, return_sum=True):
+    return ops.layer_norm_modulate(x, shift, scale, eps, h=h, gate=gate, h2=h2, gate2=gate2, return_sum=return_sum)
 
 
 # The same forms through fullgraph.ops' checked entries (rms_norm as the block's own module, with its policy).

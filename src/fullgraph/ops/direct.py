@@ -85,7 +85,8 @@ class Direct(NamedTuple):
     """The chosen forms: layer_norm(x, weight, bias, eps), rms_norm(module, x) for an `ops.RMSNorm`, modulate(x, shift,
     scale), gated_residual(x, h, gate), rope(x, cos, sin, interleaved, seq_dim), linear_gelu(x, weight, bias,
     approximate), qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, seq_dim) -> (q, k),
-    layer_norm_modulate(x, shift, scale, eps, h=None, gate=None) -> y, or (y, s) with h and gate,
+    layer_norm_modulate(x, shift, scale, eps, h=None, gate=None, h2=None, gate2=None, return_sum=True) -> y, or
+    (y, s) with h and gate (and return_sum),
     skinny_linear(x, weight, bias), attention(q, k, v) with q, k, v [B, N, H, D] (no mask, not causal; returns
     [B, N, H, D])."""
 

@@ -17,7 +17,11 @@ import torch
 
 from fullgraph.errors import UsageError
 from fullgraph.kernels._library import call_kernel
-from fullgraph.kernels.layer_norm import layer_norm_modulate_fwd, layer_norm_modulate_residual_fwd
+from fullgraph.kernels.layer_norm import (
+    layer_norm_modulate_fwd,
+    layer_norm_modulate_residual_fwd,
+    layer_norm_modulate_residual_y_fwd,
+)
 from fullgraph.kernels.modulate import gated_residual_fwd, groups, modulate_fwd
 from fullgraph.ops._autograd import backward_from_native
 from fullgraph.ops._checks import check_float, check_same_device, check_same_shape
@@ -143,21 +147,28 @@ def gated_residual(x, h, gate):
     return run("gated_residual", gated_residual_native, gated_residual_kernel, x, h, gate)
 
 
-def layer_norm_modulate_native(x, shift, scale, eps: float = 1e-6, h=None, gate=None, h2=None, gate2=None):
+def layer_norm_modulate_native(
+    x, shift, scale, eps: float = 1e-6, h=None, gate=None, h2=None, gate2=None, return_sum: bool = True
+):
     """The ops apart, each native: (gated_residual, and a second one for h2), LayerNorm without affine, modulate;
     Inductor fuses them (and adds both branches in one float32 sum)."""
     s = x if h is None else gated_residual_native(x, h, gate)
     if h2 is not None:
         s = gated_residual_native(s, h2, gate2)
     y = modulate_native(layer_norm_native(s, None, None, eps), shift, scale)
-    return y if h is None else (y, s)
+    return (y, s) if h is not None and return_sum else y
 
 
-def layer_norm_modulate_kernel(x, shift, scale, eps: float = 1e-6, h=None, gate=None, h2=None, gate2=None):
+def layer_norm_modulate_kernel(
+    x, shift, scale, eps: float = 1e-6, h=None, gate=None, h2=None, gate2=None, return_sum: bool = True
+):
     """One pass (`kernels/layer_norm.py`): read x (and h, h2), write y (and s), float32 math rounded once each."""
     if h is None:
         return call_kernel(layer_norm_modulate_fwd, x, shift, scale, eps)
-    return call_kernel(layer_norm_modulate_residual_fwd, x, h, gate, shift, scale, eps, h2, gate2)
+    if return_sum or h2 is not None:  # the y-only form takes one branch (a DiT block's second norm)
+        y_s = call_kernel(layer_norm_modulate_residual_fwd, x, h, gate, shift, scale, eps, h2, gate2)
+        return y_s if return_sum else y_s[0]
+    return call_kernel(layer_norm_modulate_residual_y_fwd, x, h, gate, shift, scale, eps)
 
 
 backward_from_native(layer_norm_modulate_fwd, layer_norm_modulate_native)
@@ -167,15 +178,20 @@ backward_from_native(
         x, shift, scale, eps, h, gate, h2, gate2
     ),
 )
+backward_from_native(
+    layer_norm_modulate_residual_y_fwd,
+    lambda x, h, gate, shift, scale, eps: layer_norm_modulate_native(x, shift, scale, eps, h, gate, return_sum=False),
+)
 KNOWN_OPS.add("layer_norm_modulate")  # a functional op without a module: named here so policies may name it
 
 
-def layer_norm_modulate(x, shift, scale, eps: float = 1e-6, *, h=None, gate=None, h2=None, gate2=None):
+def layer_norm_modulate(x, shift, scale, eps: float = 1e-6, *, h=None, gate=None, h2=None, gate2=None,
+                        return_sum: bool = True):  # fmt: skip
     """`modulate(layer_norm(x), shift, scale)` (LayerNorm without affine, as adaLN uses it); with `h` and `gate`,
     of s = `gated_residual(x, h, gate)`, returning (y, s): a DiT block's residual, norm and modulation as one op
     (policy of op `layer_norm_modulate`). With `h2` and `gate2` too, s = x + gate * h + gate2 * h2: a block's two
-    branches in one sum, rounded once (the kernel's, as Inductor's fusion of the native ops). Parameters as
-    `modulate`'s, gate and gate2 of shift's shape."""
+    branches in one sum, rounded once (the kernel's, as Inductor's fusion of the native ops). `return_sum=False`
+    returns y alone and the kernel does not write s. Parameters as `modulate`'s, gate and gate2 of shift's shape."""
     check_modulate_inputs(x, shift, scale)
     for name, gate_name, branch, g in (("h", "gate", h, gate), ("h2", "gate2", h2, gate2)):
         if (branch is None) != (g is None):
@@ -187,7 +203,7 @@ def layer_norm_modulate(x, shift, scale, eps: float = 1e-6, *, h=None, gate=None
     if h2 is not None and h is None:
         raise UsageError("h2 and gate2 are a second branch: give h and gate too")
     return run("layer_norm_modulate", layer_norm_modulate_native, layer_norm_modulate_kernel, x, shift, scale, eps, h,
-               gate, h2, gate2)  # fmt: skip
+               gate, h2, gate2, return_sum)  # fmt: skip
 
 
 class Modulate(CustomOp):
