@@ -31,16 +31,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from dit_kernels import twins
+from dit_kernels import sweep_shape, twins, variant_policy
 
 from fullgraph import ops
+from fullgraph.bench.suites import rel_err
 from fullgraph.models import dit as _dit  # noqa: F401
 
 D = sys.modules["fullgraph.models.dit"]
 
 
 def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    return rel_err(a, b.double())
 
 
 def op_level(dev, dtype):
@@ -63,10 +64,8 @@ def op_level(dev, dtype):
         )
 
 
-def model_level(dev, dtype, shape):
-    dims, b, n = shape.split(":")
-    dim, heads = (int(v) for v in dims.split("x"))
-    ours, plain, x, c = twins(int(n), dev, int(b), dim=dim, heads=heads, depth=2 if dev == "cpu" else 4)
+def model_level(dev, dtype, shape, dim, heads, batch, tokens):
+    ours, plain, x, c = twins(tokens, dev, batch, dim=dim, heads=heads, depth=2 if dev == "cpu" else 4)
     ref = D.PlainDiT(ours.cfg).eval().to(dev)
     ref.load_state_dict(plain.state_dict())
     with torch.no_grad():
@@ -77,14 +76,11 @@ def model_level(dev, dtype, shape):
     try:
         for emulate in (False, True):
             cfg.emulate_precision_casts = emulate
-            for name, model, pol in (
-                ("plain", plain, None),
-                ("all native", ours, {"all": "native"}),
-                ("native + lnm kernel", ours, {"all": "native", "layer_norm_modulate": "kernel"}),
-            ):
+            for name, variant in (("plain", "plain"), ("all native", "native"),
+                                  ("native + lnm kernel", "native+layer_norm_modulate")):  # fmt: skip
                 torch._dynamo.reset()
-                cm = torch.compile(model, fullgraph=True)
-                with torch.no_grad(), ops.policy(**(pol or {})):
+                cm = torch.compile(plain if variant == "plain" else ours, fullgraph=True)
+                with torch.no_grad(), ops.policy(**(variant_policy(variant) or {})):
                     got = cm(x, c)
                 print(f"model {shape} emulate_precision_casts={emulate}: {name:20} err {rel(got, expected):.5f}")
     finally:
@@ -98,11 +94,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.small or not torch.cuda.is_available():
         op_level("cpu", torch.float16)
-        model_level("cpu", torch.float16, "256x4:2:64")  # fp16: the interpreter truncates float32 to bf16
+        model_level("cpu", torch.float16, "256x4:2:64", 256, 4, 2, 64)  # fp16: the interpreter truncates to bf16
         return 0
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     op_level("cuda", torch.bfloat16)
-    model_level("cuda", torch.bfloat16, args.shape)
+    model_level("cuda", torch.bfloat16, args.shape, *sweep_shape(ap, args.shape))
     return 0
 
 

@@ -165,9 +165,7 @@ class DiTBlock(nn.Module):
         h = f.layer_norm_modulate(x, shift2, scale2, self.eps, attn, gate1, None, None, False)  # y only: the sum
         # x + gate1 * attn is formed again, with the MLP's branch, by the next norm
         mlp = self.fc2(f.linear_gelu(h, self.fc1.weight, self.fc1.bias, "tanh"))
-        if finish:
-            return f.gated_residual(f.gated_residual(x, attn, gate1), mlp, gate2)
-        return x, (attn, gate1, mlp, gate2)
+        return _finished(f, x, (attn, gate1, mlp, gate2)) if finish else (x, (attn, gate1, mlp, gate2))
 
     def _forms(self, x, rope: bool, finish: bool):
         """The ops this call runs: in inference each op's chosen form called directly (`ops.direct`: the block's
@@ -191,6 +189,13 @@ _CALLS = {
     for finish in (False, True)
 }
 _CALLS_FINAL = "layer_norm_modulate:1,skinny_linear:1"
+
+
+def _finished(f, x: torch.Tensor, pending: tuple) -> torch.Tensor:
+    """A block's output from its input x and its pending branches (attn, gate1, mlp, gate2): two gated residuals, as
+    a block called alone adds them (rounded after each, where the next norm adds both in one sum)."""
+    attn, gate1, mlp, gate2 = pending
+    return f.gated_residual(f.gated_residual(x, attn, gate1), mlp, gate2)
 
 
 def _modulation(ada: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
@@ -309,9 +314,8 @@ class DiT(_Stack):
         pending = None
         for block in self.blocks:
             if must_call_as_usual(block):  # watched or replaced: its usual call, on a finished x
-                if pending is not None:  # both branches of the last block, as its finished call adds them
-                    f = self._forms(x, "gated_residual:2")
-                    x = f.gated_residual(f.gated_residual(x, *pending[:2]), *pending[2:])
+                if pending is not None:  # the last block's branches, as its finished call adds them
+                    x = _finished(self._forms(x, "gated_residual:2"), x, pending)
                 x, pending = block(x, c, rope), None
             else:
                 x, pending = block(x, c, rope, pending, finish=False)

@@ -246,9 +246,9 @@ def decisions(rows: list[Result]) -> list[dict]:
     """The decision points of the DiT rows: per point, mode and op of DECIDED_OPS, "kernel" where all native but
     that op's kernel beat all native by more than the point's noise (at least MIN_GAIN) with an error against fp32
     at most MAX_ERROR_GROWTH times all native's, else "native"."""
-    ms = ratios([r for r in rows if r.suite == "dit"])
-    errors = ratios([r for r in rows if r.suite == "dit"], "rel_err")
-    params = {r.case: json.loads(r.params) for r in rows if r.suite == "dit"}
+    dit_rows = [r for r in rows if r.suite == "dit"]
+    ms, errors = ratios(dit_rows), ratios(dit_rows, "rel_err")
+    params = {r.case: json.loads(r.params) for r in dit_rows}
     points = []
     for case, p in params.items():
         native, plain, again = (ms.get((case, v)) for v in (NATIVE, "plain, compiled", AGAIN))
