@@ -15,6 +15,7 @@ Variants (same weights, torch.compile(fullgraph=True), default mode unless eager
   eager-fused-lg   eager-fused with linear_gelu's kernel form (cuBLASLt's GELU epilogue) pinned too
   native           DiT, every op native (all native: the plain twin's kernels but the RoPE prologue)
   native+OP[+OP]   every op native but OP's kernel (the sweep's one-kernel variants)
+  VARIANT@flash, VARIANT@mm, VARIANT@flash@mm   SDPA pinned to FlashAttention; every linear as mm + bias add
 
 Issue 32's default-mode sweep points (`--shape DIMxHEADS:BATCH:TOKENS`, depth 4): where plain's default-mode time is
 its host time (1152x16 b8 n256: 0.938 ms default against 0.779 under CUDA graphs, H100 2026-12-06), ours auto lost
@@ -31,6 +32,7 @@ kernels do; the "launchers" line after each compile says which launcher each ker
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import logging
@@ -41,6 +43,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from fullgraph import ops
 from fullgraph.bench import breakdown as bd
@@ -59,6 +62,32 @@ VARIANTS = {  # name -> (plain model?, policy, compiled?)
     "eager-fused": (False, FUSED, False),
     "eager-fused-lg": (False, {**FUSED, "linear_gelu": "kernel"}, False),
 }
+
+
+MODIFIERS = ("flash", "mm")  # VARIANT@flash: SDPA pinned to flash attention; VARIANT@mm: linear as mm + bias add
+
+
+@contextlib.contextmanager
+def modified(mods: tuple[str, ...]):
+    """What a variant's `@` modifiers change, for its trace and every call (Dynamo guards on both, so they stay on):
+    `flash` pins SDPA to FlashAttention (cuDNN's attention costs ~50 us of host time a call on the H100 host, its
+    cProfile of 2026-12-06); `mm` computes every `F.linear` as a matmul plus a bias add, so Inductor calls mm (cuBLAS)
+    and adds the bias in the neighbouring kernel where addmm calls cuBLASLt with a bias epilogue (~20 us a call)."""
+    with contextlib.ExitStack() as stack:
+        if "flash" in mods:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION]))
+        if "mm" in mods:
+            original = F.linear
+            F.linear = _linear_mm
+            stack.callback(setattr, F, "linear", original)
+        yield
+
+
+def _linear_mm(x, weight, bias=None):
+    y = torch.matmul(x, weight.t())
+    return y if bias is None else y + bias
 
 
 def host_times(fn, calls: int) -> tuple[float, float]:
@@ -138,8 +167,12 @@ def main() -> int:
     heuristics.addHandler(BYPASSED)
     heuristics.setLevel(min(heuristics.getEffectiveLevel(), logging.INFO))
     wanted = args.variants.split(",")
-    if unknown := [v for v in wanted if v not in VARIANTS and not (v.startswith("native") and known_variant(v))]:
-        ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}, native, native+OP[+OP]")
+    bases = {v: v.split("@") for v in wanted}
+    if unknown := [v for v, (b, *mods) in bases.items()
+                   if (b not in VARIANTS and not (b.startswith("native") and known_variant(b)))
+                   or any(m not in MODIFIERS for m in mods)]:  # fmt: skip
+        ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}, native, native+OP[+OP], each with "
+                 f"optional modifiers {', '.join('@' + m for m in MODIFIERS)}")
     if args.shape:
         dim, heads, batch, tokens = sweep_shape(ap, args.shape)
         ours, plain, x, c = twins(tokens, "cuda", batch, dim=dim, heads=heads, depth=4)
@@ -152,14 +185,15 @@ def main() -> int:
         reference = plain(x, c).float()
     fns, errors = {}, {}
     for name in wanted:
-        is_plain, pol, compiled = VARIANTS.get(name) or (False, variant_policy(name), True)
+        base, *mods = bases[name]
+        is_plain, pol, compiled = VARIANTS.get(base) or (False, variant_policy(base), True)
         model = plain if is_plain else ours
         if compiled:
             torch._dynamo.reset()
             model = torch.compile(model, fullgraph=True)
 
-        def call(model=model, pol=pol):
-            with torch.no_grad(), ops.policy(**{"all": "auto", **pol}):
+        def call(model=model, pol=pol, mods=tuple(mods)):
+            with torch.no_grad(), ops.policy(**{"all": "auto", **pol}), modified(mods):
                 return model(x, c)
 
         before = {getattr(m, "__file__", None) for m in code_modules()}
