@@ -171,8 +171,10 @@ def main() -> int:
     if unknown := [v for v, (b, *mods) in bases.items()
                    if (b not in VARIANTS and not (b.startswith("native") and known_variant(b)))
                    or any(m not in MODIFIERS for m in mods)]:  # fmt: skip
-        ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}, native, native+OP[+OP], each with "
-                 f"optional modifiers {', '.join('@' + m for m in MODIFIERS)}")
+        ap.error(
+            f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}, native, native+OP[+OP], each with "
+            f"optional modifiers {', '.join('@' + m for m in MODIFIERS)}"
+        )
     if args.shape:
         dim, heads, batch, tokens = sweep_shape(ap, args.shape)
         ours, plain, x, c = twins(tokens, "cuda", batch, dim=dim, heads=heads, depth=4)

@@ -29,6 +29,9 @@ _SHAPES = {"bnsd": "[B, H, N, D]", "bsnd": "[B, N, H, D]"}
 
 
 KNOWN_OPS.add("attention")  # so `policy(attention=...)` and FULLGRAPH_OPS may name it
+# a model block's attention form (ops/direct.py): torch's SDPA as it picks ("native") or pinned to FlashAttention
+# ("kernel"; torch's kernel, not ours), decided per shape inside a graph ("auto")
+KNOWN_OPS.add("sdpa_flash")
 
 
 def _check_backend(backend: str | None) -> None:

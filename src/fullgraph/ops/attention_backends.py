@@ -234,6 +234,24 @@ def attention_native(q, k, v, attn_mask, causal: bool, scale: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
 
 
+def flash_pinned(q, k, v, scale: float):
+    """Plain SDPA pinned to FlashAttention where FlashAttention serves q, k, v ([B, H, N, D], no mask, not causal),
+    torch's own pick elsewhere: op `sdpa_flash`'s kernel form (ops/direct.py). Aten SDPA in the caller's graph, not
+    an opaque op, so a compiled call pays no custom-op dispatch. Under torch.compile the backend is chosen while
+    tracing (Dynamo traces `sdpa_kernel`); cuDNN's attention, torch's pick on Hopper, costs ~50 us of host time
+    a call on the H100 host (cProfile of a compiled DiT, benchmarks/probes/dit_host_probe.py), which a host-bound
+    call in default mode pays in full."""
+    if q.shape[1] != k.shape[1] or serve_reason("sdpa-flash", *spec_of(q, k, None, False)):
+        return attention_native(q, k, v, None, False, scale)
+    if torch.compiler.is_compiling():  # a context Dynamo traces (env.only_sdpa is cheaper eager, but opaque to it)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    with env.only_sdpa("flash"):
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
 def _sdpa(sub_backend: str, gqa_native: bool, out_like_q: bool = False):
     """`out_like_q`: the output keeps q's memory order (cuDNN writes it so: forcing [B, N, H, D] cost a copy,
     10% of the call at 1x24x4096x128 on the H200); otherwise [B, N, H, D] (flash's and efficient's own)."""

@@ -35,7 +35,7 @@ from fullgraph.ops.modulation import (
     modulate_native,
 )
 from fullgraph.ops.norms import layer_norm_kernel, layer_norm_native, rms_norm_kernel, rms_norm_native
-from fullgraph.ops.policies import version
+from fullgraph.ops.policies import effective, version
 from fullgraph.ops.rope import qk_norm_rope_kernel, qk_norm_rope_native, rope_kernel, rope_native
 
 
@@ -68,6 +68,12 @@ FORMS = {
     "skinny_linear": (skinny_linear_native, skinny_linear_kernel),
 }
 
+
+# Attention's form inside a block, decided like the ops above (policy, then in a graph the measurements): torch's
+# SDPA as it picks ("native") or pinned to FlashAttention where that serves ("kernel": torch's FlashAttention, not
+# ours, as linear_gelu's kernel is cuBLASLt's epilogue). On Hopper torch picks cuDNN's attention, whose host time
+# (~50 us a call on the H100 host) a host-bound call in default mode pays in full; under CUDA graphs it is free.
+FLASH_OP = "sdpa_flash"
 
 _parsed: dict[str, tuple[tuple[str, int], ...]] = {}
 
@@ -131,26 +137,41 @@ def _plain_sdpa_serves(backend: str, q, k, v, scale: float) -> bool:
         return False
 
 
-def attention_bsnd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_bsnd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash: bool = False) -> torch.Tensor:
     """`ops.attention(q, k, v, layout="bsnd")` for a model's own q, k, v (same dtype and device, unit last-dim
     strides, as a QKV projection's views have): its backend resolved once per shape and policy state, and called
-    as plain SDPA where torch's own dispatch picks the same kernel."""
+    as plain SDPA where torch's own dispatch picks the same kernel. `flash`: op sdpa_flash's kernel form, torch's
+    SDPA ("sdpa", attention's native form) pinned to FlashAttention where that serves."""
     qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    key = (version(), q.shape, k.shape, q.dtype, q.device)
+    key = (version(), q.shape, k.shape, q.dtype, q.device, flash)
     found = _attention_choice.get(key)
     if found is None:
         if len(_attention_choice) >= 64:
             _attention_choice.clear()
         backend = _resolve_attention(qb, kb, vb, None, False, scale, None)  # counts this call
+        if flash and backend == "sdpa":  # the call counted as the backend that runs it
+            counted = ("attention", "eager", backend)
+            counters[counted] -= 1
+            if not counters[counted]:
+                del counters[counted]
+            backend = "sdpa-flash-pinned"
+            counters[("attention", "eager", backend)] += 1
         found = _attention_choice[key] = (backend, _plain_sdpa_serves(backend, qb, kb, vb, scale))
     else:
         counters[("attention", "eager", found[0])] += 1
     if found[1]:
         out = F.scaled_dot_product_attention(qb, kb, vb, scale=scale)
+    elif found[0] == "sdpa-flash-pinned":
+        out = _backends.flash_pinned(qb, kb, vb, scale)
     else:
         out = _backends.run_backend(found[0], qb, kb, vb, None, False, scale)
     return out.transpose(1, 2)
+
+
+def attention_bsnd_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`attention_bsnd` with op sdpa_flash's kernel form."""
+    return attention_bsnd(q, k, v, True)
 
 
 def direct(device: torch.device, numel: int, calls: str, policies: tuple[tuple[str, str | None], ...] = (),
@@ -168,9 +189,12 @@ def direct(device: torch.device, numel: int, calls: str, policies: tuple[tuple[s
         own = dict(policies)
         pays = measured.eager_kernel_pays
         impls = {op: choose(op, own.get(op), device, False, not pays(device.type, numel, op)) for op in FORMS}
+        # eager attention under "auto" times its backends itself (FlashAttention among them): pinned only by policy
+        flash = effective(FLASH_OP, own.get(FLASH_OP)) == "kernel"
+        attention = attention_bsnd_flash if flash else attention_bsnd
         if len(_plans) >= 64:
             _plans.clear()
-        plan = _plans[key] = Direct(*(FORMS[op][impl == "kernel"] for op, impl in impls.items()), attention_bsnd, impls)
+        plan = _plans[key] = Direct(*(FORMS[op][impl == "kernel"] for op, impl in impls.items()), attention, impls)
     for op, n in parse_calls(calls):
         counters[(op, "eager", plan.impls[op])] += n
     return plan
@@ -189,14 +213,15 @@ def direct(device: torch.device, numel: int, calls: str, policies: tuple[tuple[s
 def _compiled_plan(
     device_type: str, device_index: int | None, policies: tuple, state: tuple, key: tuple | None
 ) -> tuple:
-    """Per op of FORMS for compiled code: the policy's decision (`custom_op.decided`), for "auto" the row spans
-    where the measurements take the kernel at `key` ((dtype, head dim, width, graphed) of `measured.Shape`, None
-    without a shape: the native form), for the caller to compare the rows, which may be symbolic (`measured.pick`).
+    """Per op of FORMS and FLASH_OP for compiled code: the policy's decision (`custom_op.decided`), for "auto" the
+    row spans where the measurements take the kernel at `key` ((dtype, head dim, width, graphed) of
+    `measured.Shape`, None without a shape: the native form), for the caller to compare the rows, which may be
+    symbolic (`measured.pick`).
     `state`: version(), so a policy change recompiles."""
     own = dict(policies)
     plan = []
-    for op in FORMS:
-        pol = decided(op, own.get(op), device_type)
+    for op in (*FORMS, FLASH_OP):  # FLASH_OP's kernel is torch's: no Triton needed (`decided` asks for it)
+        pol = decided(op, own.get(op), device_type) if op in FORMS else effective(op, own.get(op))
         if pol == "auto":
             pol = "native" if key is None or device_type != "cuda" else measured.kernel_rows(op, device_index, *key)
         plan.append(pol)
@@ -216,7 +241,7 @@ def _traced(device, calls, policies, shape) -> Direct:
     key = None if shape is None else (shape.dtype, shape.head_dim, shape.width, replay.under_graphs())
     plan = _compiled_plan(device.type, device.index, policies, version(), key)
     impls = tuple(p if isinstance(p, str) else measured.pick(p, shape.rows) for p in plan)
-    _count_traced(calls, impls)
+    _count_traced(calls, impls[: len(FORMS)])
     kernel = [impl == "kernel" for impl in impls]
     return Direct(
         layer_norm_kernel if kernel[0] else layer_norm_native,
@@ -228,27 +253,38 @@ def _traced(device, calls, policies, shape) -> Direct:
         _qk_norm_rope_kernel if kernel[6] else _qk_norm_rope_native,
         layer_norm_modulate_kernel if kernel[7] else layer_norm_modulate_native,
         skinny_linear_kernel if kernel[8] else skinny_linear_native,
-        _attention_traced,
+        _attention_traced_flash if kernel[9] else _attention_traced,
         {},
     )
 
 
 @torch.compiler.assume_constant_result
-def _attention_backend(spec: tuple, state: tuple, graphed_fit: bool) -> str:
+def _attention_backend(spec: tuple, state: tuple, graphed_fit: bool, flash: bool = False) -> str:
     """What `ops.attention` resolves for a call described by `spec` (a Spec's fields) while torch.compile traces,
-    counted as one traced call; `state`: version(); `graphed_fit`: as in `compiled_auto`."""
+    counted as one traced call; `state`: version(); `graphed_fit`: as in `compiled_auto`; `flash`: op sdpa_flash
+    took its kernel form, so torch's SDPA ("sdpa") runs pinned to FlashAttention ("sdpa-flash-pinned") where that
+    serves."""
     s = _backends.Spec(*spec)
     backend = policy_backend(s)
     if backend == "auto":
         backend = compiled_auto(s, torch.device(s.device_type, s.device_index), graphed_fit)
+    if backend == "sdpa" and flash and s.hq == s.hkv and not _backends.serve_reason("sdpa-flash", *spec):
+        backend = "sdpa-flash-pinned"
     counters[("attention", "compiled", backend)] += 1
     return backend
 
 
-def _attention_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _attention_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash: bool = False) -> torch.Tensor:
     """`attention_bsnd` for compiled code: the backend resolved as `ops.attention` resolves it while tracing."""
     qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     scale = 1.0 / math.sqrt(q.shape[-1])
     fit = measured.graphed_kernel_fits("attention", q.device, q.numel())
-    backend = _attention_backend(tuple(_backends.spec_of(qb, kb, None, False)), version(), fit)
+    backend = _attention_backend(tuple(_backends.spec_of(qb, kb, None, False)), version(), fit, flash)
+    if backend == "sdpa-flash-pinned":  # aten SDPA pinned in the graph, not backend sdpa-flash's opaque op
+        return _backends.flash_pinned(qb, kb, vb, scale).transpose(1, 2)
     return _backends.run_backend(backend, qb, kb, vb, None, False, scale).transpose(1, 2)
+
+
+def _attention_traced_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`_attention_traced` with op sdpa_flash's kernel form (`attention_bsnd_flash` for compiled code)."""
+    return _attention_traced(q, k, v, True)

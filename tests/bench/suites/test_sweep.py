@@ -251,6 +251,17 @@ def test_ops_names_the_one_kernel_variants_a_point_times_with_or_without_verify(
     # parsed to no op, it once timed no one-kernel variant, silently
     with pytest.raises(sweep.UsageError, match="--ops ', ' names no op"):
         sweep.decided_ops(argparse.Namespace(verify=False, ops=", "))
+    # sdpa_flash: timed where named, not part of the grid's default ops
+    assert sweep.decided_ops(argparse.Namespace(verify=False, ops="sdpa_flash")) == ("sdpa_flash",)
+    assert "sdpa_flash" not in sweep.decided_ops(argparse.Namespace(verify=False, ops=None))
+
+
+def test_a_named_only_op_measured_at_a_point_becomes_its_decision():
+    ms = {"plain, compiled": 1.0, "plain again (second instance), compiled": 1.005, sweep.NATIVE: 1.0,
+          "ours none,+sdpa_flash, compiled": 0.95}  # fmt: skip
+    found = {p["op"]: p for p in sweep.decisions(dit_rows("p", "default", ms))}
+    assert found == {"sdpa_flash": found["sdpa_flash"]} and found["sdpa_flash"]["choice"] == "kernel"
+    assert found["sdpa_flash"]["mode"] == "default"
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
