@@ -103,6 +103,29 @@ def test_layer_norm_modulate_takes_each_rows_own_group(triton_device):
                           atol=1e-3)  # fmt: skip
 
 
+@pytest.mark.parametrize("c", [72, 1152])
+def test_adaln_chunks_are_read_where_they_lie_and_other_layouts_copied(triton_device, c):
+    # a DiT's six adaLN parameters are chunks of one [B, 6C] projection, rows 6C apart: the kernel reads them in
+    # place (a copy is a launch of its own per parameter); parameters of differing row strides are copied first
+    from fullgraph.kernels.modulate import param_rows
+
+    x, h, h2 = (torch.randn(3, 5, c, device=triton_device, dtype=torch.bfloat16) for _ in range(3))
+    ada = torch.randn(3, 6 * c, device=triton_device, dtype=torch.bfloat16)
+    shift, scale, gate, _, _, gate2 = ada[:, None].chunk(6, dim=-1)
+    (g, g2, sh, sc), stride = param_rows(3, c, (gate, gate2, shift, scale), x.reshape(-1, c))
+    assert stride == 6 * c and [t.data_ptr() for t in (g, g2, sh, sc)] == [
+        t.data_ptr() for t in (gate, gate2, shift, scale)]  # fmt: skip
+    y, s = layer_norm_modulate_residual_fwd(x, h, gate, shift, scale, 1e-6, h2, gate2)
+    y_ref, s_ref = layer_norm_modulate_ref(x, shift, scale, h, gate, h2=h2, gate2=gate2)
+    assert_close(y, y_ref, torch.bfloat16)
+    assert_close(s, s_ref, torch.bfloat16)
+    mixed = (gate.contiguous(), None, shift, scale)  # row strides c and 6c: all copied, read at stride c
+    (g, _, sh, _), stride = param_rows(3, c, mixed, x.reshape(-1, c))
+    assert stride == c and sh.data_ptr() != shift.data_ptr() and torch.equal(sh, shift.reshape(3, c))
+    y = layer_norm_modulate_residual_y_fwd(x, h, mixed[0], shift, scale, 1e-6)
+    assert_close(y, layer_norm_modulate_ref(x, shift, scale, h, gate)[0], torch.bfloat16)
+
+
 def test_layer_norm_modulate_opcheck(triton_device):
     x = torch.randn(2, 7, 80, device=triton_device, dtype=torch.bfloat16).requires_grad_()
     h = torch.randn(2, 7, 80, device=triton_device, dtype=torch.bfloat16)

@@ -10,14 +10,15 @@ import triton.language as tl
 
 @triton.jit
 def fullgraph_modulation(
-    X, A, P, Y, numel, n_cols, group_numel, GATED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr
+    X, A, P, Y, numel, n_cols, group_numel, stride_p, GATED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr
 ):
-    """GATED: y = x + p * a with a x-shaped (gated_residual); else y = x * (1 + p) + a, a per group (modulate)."""
+    """GATED: y = x + p * a with a x-shaped (gated_residual); else y = x * (1 + p) + a, a per group (modulate).
+    The per-group parameters are rows stride_p apart with unit columns (adaLN chunks read where they lie)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     if WIDE:  # past 2**31 elements, offsets need 64 bits
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    p = (offs // group_numel) * n_cols + offs % n_cols  # the parameter element for each x element
+    p = (offs // group_numel) * stride_p + offs % n_cols  # the parameter element for each x element
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     a = tl.load(A + (offs if GATED else p), mask=mask, other=0.0).to(tl.float32)
     param = tl.load(P + p, mask=mask, other=0.0).to(tl.float32)

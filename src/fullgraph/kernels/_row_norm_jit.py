@@ -78,7 +78,7 @@ def _square_sum(x, mean, OFF: tl.constexpr, BLOCK: tl.constexpr, N_COLS: tl.cons
 @triton.jit
 def fullgraph_row_norm(
     X, R, W, B, Y, S, G, SHIFT, SCALE, X2, G2,
-    n_rows, stride_x, stride_r, stride_y, stride_s, stride_x2, rows_per_group, eps,
+    n_rows, stride_x, stride_r, stride_y, stride_s, stride_x2, stride_p, rows_per_group, eps,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     GATE: tl.constexpr, GATE2: tl.constexpr, STORE_S: tl.constexpr, MODULATE: tl.constexpr, ROWS: tl.constexpr,
     N_COLS: tl.constexpr, ALIGN: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -86,8 +86,8 @@ def fullgraph_row_norm(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = (rows < n_rows)[:, None]
     rows = rows.to(tl.int64)  # 1-D: each row's offset is stated a multiple of ALIGN before it meets the columns
-    # the parameter row of each row's group (gate, shift, scale: [groups, N_COLS], contiguous)
-    group_row = ((rows // rows_per_group) * N_COLS)[:, None]
+    # the parameter row of each row's group (gate, shift, scale: [groups, N_COLS] rows stride_p apart, unit columns)
+    group_row = ((rows // rows_per_group) * stride_p)[:, None]
     a = _piece_in(X, R, S, G, X2, G2, rows, row_ok, group_row, stride_x, stride_r, stride_s, stride_x2, N_COLS, ALIGN,
                   0, BLOCK_A, HAS_RESIDUAL, GATE, GATE2, STORE_S)  # fmt: skip
     total = tl.sum(a, axis=1)

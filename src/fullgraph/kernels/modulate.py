@@ -34,6 +34,22 @@ BLOCK = 1024
 NUM_WARPS = 4
 
 
+def param_rows(n_groups: int, n_cols: int, params: tuple, filler: torch.Tensor) -> tuple[tuple, int]:
+    """The per-group parameters (gate, shift, scale: any leading shape) as [n_groups, n_cols] rows sharing one row
+    stride, and that stride (the row norms' kernel and the modulation's). Views with unit column stride and one row
+    stride (a DiT's adaLN chunks: rows 6·C apart) are read where they lie; anything else is copied contiguous. A
+    copy is a kernel launch of its own: inside a compiled DiT the copies of the chunks were 20 of the norm kernel
+    variant's 79 launches a call (4 blocks, H100, 2026-12-06), which a host-bound call in default mode pays in host
+    time. `filler` stands in for a parameter not given."""
+    rows = [p.reshape(n_groups, n_cols) if p is not None else None for p in params]
+    given = [r for r in rows if r is not None]
+    strides = {r.stride(0) for r in given if n_groups > 1} or {n_cols}
+    if len(strides) != 1 or any(r.stride(1) != 1 and n_cols > 1 for r in given):
+        rows = [r.contiguous() if r is not None else None for r in rows]
+        strides = {n_cols}
+    return tuple(r if r is not None else filler for r in rows), strides.pop()
+
+
 @functools.cache
 def _modulation_fwd_kernel():
     require_triton()
@@ -44,13 +60,19 @@ def _modulation_fwd_kernel():
 
 def _launch(x: torch.Tensor, a: torch.Tensor, param: torch.Tensor, gated: bool) -> torch.Tensor:
     """The kernel over x's elements: `param` has one row per group; `a` is x-shaped if `gated`, else one too."""
-    x, a, param = x.contiguous(), a.contiguous(), param.contiguous()  # flat indexing: copies only odd strides
+    x = x.contiguous()  # flat indexing: copies only odd strides
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     numel = out.numel()
     if numel:
-        _, rows_per_group = groups(x, param)
+        n_groups, rows_per_group = groups(x, param)
+        n_cols = x.shape[-1]
+        if gated:  # a is x-shaped, read flat
+            (param,), stride_p = param_rows(n_groups, n_cols, (param,), x)
+            a = a.contiguous()
+        else:  # shift, a parameter row per group as scale is
+            (param, a), stride_p = param_rows(n_groups, n_cols, (param, a), x)
         launch(_modulation_fwd_kernel())[((numel + BLOCK - 1) // BLOCK,)](
-            x, a, param, out, numel, x.shape[-1], rows_per_group * x.shape[-1],
+            x, a, param, out, numel, n_cols, rows_per_group * n_cols, stride_p,
             GATED=gated, BLOCK=BLOCK, WIDE=numel + BLOCK >= 2**31, num_warps=NUM_WARPS,
         )  # fmt: skip
     return out

@@ -36,7 +36,7 @@ import functools
 import torch
 
 from fullgraph.kernels._library import alignment, as_rows, kernel_op, launch, require_triton, row_launch_config
-from fullgraph.kernels.modulate import groups
+from fullgraph.kernels.modulate import groups, param_rows
 
 
 @functools.cache
@@ -76,16 +76,14 @@ def launch_row_norm(
     s = torch.empty_like(y) if store_s else y
     param = gate if gate is not None else shift
     n_groups, per_group = groups(x2, param) if param is not None else (1, n_rows)
-    g, g2, sh, sc = (
-        p.reshape(n_groups, n_cols).contiguous() if p is not None else x2 for p in (gate, gate2, shift, scale)
-    )
+    (g, g2, sh, sc), stride_p = param_rows(n_groups, n_cols, (gate, gate2, shift, scale), x2)
     if n_rows:
         (block_a, block_b, block_c), rows, num_warps = row_launch_config(n_cols, n_rows)
         grid = ((n_rows + rows - 1) // rows,)
         strides = (x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), b2.stride(0))
         launch(_row_norm_fwd_kernel())[grid](
             x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y, s, g, sh, sc, b2, g2,
-            n_rows, *strides, max(per_group, 1), eps,
+            n_rows, *strides, stride_p, max(per_group, 1), eps,
             CENTER=center, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
             HAS_BIAS=bias is not None, GATE=gate is not None, GATE2=branch is not None, STORE_S=store_s,
             MODULATE=shift is not None,
