@@ -43,11 +43,12 @@ def param_rows(n_groups: int, n_cols: int, params: tuple, filler: torch.Tensor) 
     time. `filler` stands in for a parameter not given."""
     rows = [p.reshape(n_groups, n_cols) if p is not None else None for p in params]
     given = [r for r in rows if r is not None]
-    strides = {r.stride(0) for r in given if n_groups > 1} or {n_cols}
-    if len(strides) != 1 or any(r.stride(1) != 1 and n_cols > 1 for r in given):
-        rows = [r.contiguous() if r is not None else None for r in rows]
-        strides = {n_cols}
-    return tuple(r if r is not None else filler for r in rows), strides.pop()
+    # strides read only as plain ints: a symbolic one (a dynamic dim, traced) takes the copy rather than a guard
+    known = all(type(r.stride(0)) is int and type(r.stride(1)) is int for r in given)
+    row_strides = {r.stride(0) for r in given} if known else set()
+    if not given or len(row_strides) != 1 or any(r.stride(1) != 1 for r in given):
+        return tuple(r.contiguous() if r is not None else filler for r in rows), n_cols
+    return tuple(r if r is not None else filler for r in rows), row_strides.pop()
 
 
 @functools.cache
