@@ -234,6 +234,12 @@ def attention_native(q, k, v, attn_mask, causal: bool, scale: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
 
 
+def flash_serves(spec: Spec) -> bool:
+    """Does SDPA pinned to FlashAttention serve a call described by `spec` with torch's own kernel (q and k with
+    the same heads: `flash_pinned` passes no GQA flag)?"""
+    return spec.hq == spec.hkv and not serve_reason("sdpa-flash", *spec)
+
+
 def flash_pinned(q, k, v, scale: float):
     """Plain SDPA pinned to FlashAttention where FlashAttention serves q, k, v ([B, H, N, D], no mask, not causal),
     torch's own pick elsewhere: op `sdpa_flash`'s kernel form (ops/direct.py). Aten SDPA in the caller's graph, not
@@ -241,7 +247,7 @@ def flash_pinned(q, k, v, scale: float):
     tracing (Dynamo traces `sdpa_kernel`); cuDNN's attention, torch's pick on Hopper, costs ~50 us of host time
     a call on the H100 host (cProfile of a compiled DiT, benchmarks/probes/dit_host_probe.py), which a host-bound
     call in default mode pays in full."""
-    if q.shape[1] != k.shape[1] or serve_reason("sdpa-flash", *spec_of(q, k, None, False)):
+    if not flash_serves(spec_of(q, k, None, False)):
         return attention_native(q, k, v, None, False, scale)
     if torch.compiler.is_compiling():  # a context Dynamo traces (env.only_sdpa is cheaper eager, but opaque to it)
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -150,7 +150,7 @@ def attention_bsnd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash: boo
         if len(_attention_choice) >= 64:
             _attention_choice.clear()
         backend = _resolve_attention(qb, kb, vb, None, False, scale, None)  # counts this call
-        if flash and backend == "sdpa":  # the call counted as the backend that runs it
+        if flash and backend == "sdpa" and _backends.flash_serves(_backends.spec_of(qb, kb, None, False)):
             counted = ("attention", "eager", backend)
             counters[counted] -= 1
             if not counters[counted]:
@@ -268,7 +268,7 @@ def _attention_backend(spec: tuple, state: tuple, graphed_fit: bool, flash: bool
     backend = policy_backend(s)
     if backend == "auto":
         backend = compiled_auto(s, torch.device(s.device_type, s.device_index), graphed_fit)
-    if backend == "sdpa" and flash and s.hq == s.hkv and not _backends.serve_reason("sdpa-flash", *spec):
+    if backend == "sdpa" and flash and _backends.flash_serves(s):
         backend = "sdpa-flash-pinned"
     counters[("attention", "compiled", backend)] += 1
     return backend
