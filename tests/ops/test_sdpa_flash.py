@@ -8,31 +8,17 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from fullgraph import ops
-from fullgraph.models.dit import DiT, PlainDiT, config
+from fullgraph.models.dit import config
 from fullgraph.ops import direct, measured
+from tests.kernels.reference import rel_err
 from tests.models._counts import policy_counts
+from tests.models.test_dit import randomized, twin
 
 SMALL = {"dim": 64, "heads": 4, "depth": 2, "rope": "1d"}
 
 
-def randomized(seed: int = 0) -> DiT:
-    torch.manual_seed(seed)
-    model = DiT(config("dit_s", **SMALL)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    return model
-
-
-def reference(model, x, c):
-    plain = PlainDiT(model.cfg).eval().double()
-    plain.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        return plain(x.double(), c.double())
-
-
-def rel(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
+def small_dit(seed: int):
+    return randomized(config("dit_s", **SMALL), seed=seed)
 
 
 @pytest.fixture
@@ -46,9 +32,10 @@ def torch_picks_math():
 
 
 def test_the_kernel_form_pins_flash_attention_in_the_graph_and_native_leaves_torchs_pick(torch_picks_math):
-    model = randomized(1)
+    model = small_dit(1)
     x, c = torch.randn(2, 37, SMALL["dim"]), torch.randn(2, SMALL["dim"])
-    ref = reference(model, x, c)
+    with torch.no_grad():
+        ref = twin(model, dtype=torch.float64)(x.double(), c.double())
     graphs = {}
     for form in ("native", "kernel"):
         torch._dynamo.reset()
@@ -57,7 +44,7 @@ def test_the_kernel_form_pins_flash_attention_in_the_graph_and_native_leaves_tor
             (out, code), counts = policy_counts(lambda f=compiled: run_and_get_code(f, x, c))
             eager, eager_counts = policy_counts(lambda: model(x, c))
         graphs[form] = "\n".join(code)
-        assert rel(out, ref) < 1e-5 and rel(eager, ref) < 1e-5  # the pin changes the kernel, not the function
+        assert rel_err(out, ref) < 1e-5 and rel_err(eager, ref) < 1e-5  # the pin changes the kernel, not the function
         backend = "sdpa-flash-pinned" if form == "kernel" else "sdpa"
         traced = {k: n for k, n in counts.items() if k[0] == "attention"}
         assert traced == {("attention", "compiled", backend): SMALL["depth"]}
@@ -67,7 +54,7 @@ def test_the_kernel_form_pins_flash_attention_in_the_graph_and_native_leaves_tor
 
 
 def test_the_pin_applies_only_where_attentions_policy_runs_torchs_sdpa():
-    model = randomized(2)
+    model = small_dit(2)
     x, c = torch.randn(2, 37, SMALL["dim"]), torch.randn(2, SMALL["dim"])
     with ops.policy(all="native", attention="auto", sdpa_flash="kernel"), torch.no_grad():
         _, counts = policy_counts(lambda: model(x, c))

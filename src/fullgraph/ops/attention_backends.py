@@ -241,14 +241,12 @@ def flash_serves(spec: Spec) -> bool:
 
 
 def flash_pinned(q, k, v, scale: float):
-    """Plain SDPA pinned to FlashAttention where FlashAttention serves q, k, v ([B, H, N, D], no mask, not causal),
-    torch's own pick elsewhere: op `sdpa_flash`'s kernel form (ops/direct.py). Aten SDPA in the caller's graph, not
-    an opaque op, so a compiled call pays no custom-op dispatch. Under torch.compile the backend is chosen while
-    tracing (Dynamo traces `sdpa_kernel`); cuDNN's attention, torch's pick on Hopper, costs ~50 us of host time
-    a call on the H100 host (cProfile of a compiled DiT, benchmarks/probes/dit_host_probe.py), which a host-bound
-    call in default mode pays in full."""
-    if not flash_serves(spec_of(q, k, None, False)):
-        return attention_native(q, k, v, None, False, scale)
+    """Plain SDPA pinned to FlashAttention for q, k, v ([B, H, N, D], no mask, not causal) that it serves (the
+    caller checked `flash_serves` when it resolved the call): op `sdpa_flash`'s kernel form (ops/direct.py). Aten
+    SDPA in the caller's graph, not an opaque op, so a compiled call pays no custom-op dispatch. Under torch.compile
+    the backend is chosen while tracing (Dynamo traces `sdpa_kernel`); cuDNN's attention, torch's pick on Hopper,
+    costs ~50 us of host time a call on the H100 host (cProfile of a compiled DiT,
+    benchmarks/probes/dit_host_probe.py), which a host-bound call in default mode pays in full."""
     if torch.compiler.is_compiling():  # a context Dynamo traces (env.only_sdpa is cheaper eager, but opaque to it)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -149,14 +149,12 @@ def attention_bsnd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash: boo
     if found is None:
         if len(_attention_choice) >= 64:
             _attention_choice.clear()
-        backend = _resolve_attention(qb, kb, vb, None, False, scale, None)  # counts this call
-        if flash and backend == "sdpa" and _backends.flash_serves(_backends.spec_of(qb, kb, None, False)):
-            counted = ("attention", "eager", backend)
-            counters[counted] -= 1
-            if not counters[counted]:
-                del counters[counted]
+        spec = _backends.spec_of(qb, kb, None, False)
+        if flash and policy_backend(spec) == "sdpa" and _backends.flash_serves(spec):
             backend = "sdpa-flash-pinned"
             counters[("attention", "eager", backend)] += 1
+        else:
+            backend = _resolve_attention(qb, kb, vb, None, False, scale, None)  # counts this call
         found = _attention_choice[key] = (backend, _plain_sdpa_serves(backend, qb, kb, vb, scale))
     else:
         counters[("attention", "eager", found[0])] += 1

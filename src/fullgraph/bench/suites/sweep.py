@@ -66,6 +66,7 @@ DECIDED_OPS = ("linear_gelu", "qk_norm_rope", "layer_norm_modulate", "skinny_lin
 # sdpa_flash, the blocks' SDPA pinned to FlashAttention, which lost 10% at a GPU-bound point on the H100
 # (benchmarks/results/sweep_sdpa_flash_h100.csv) and is a host-time question at the host-bound ones
 NAMED_ONLY_OPS = ("sdpa_flash",)
+MEASURED_OPS = (*DECIDED_OPS, *NAMED_ONLY_OPS)  # what --ops may name and the decisions read
 NATIVE = "ours native, compiled"
 AGAIN = "plain again (second instance), compiled"  # the plain twin's second instance: a point's noise floor
 MIN_GAIN = 0.01  # a kernel must beat the native form by this much, or by the point's noise if larger
@@ -170,17 +171,16 @@ def from_csv(paths: list[str], write_to: str | None) -> tuple[list[Result], str]
 
 
 def decided_ops(args) -> tuple[str, ...]:
-    """The ops whose one-kernel variant each DiT point times: --ops (of DECIDED_OPS and NAMED_ONLY_OPS), else all of
-    DECIDED_OPS, none with --verify."""
+    """The ops whose one-kernel variant each DiT point times: --ops (of MEASURED_OPS), else all of DECIDED_OPS, none
+    with --verify."""
     named = getattr(args, "ops", None)
     if not named:
         return () if getattr(args, "verify", False) else DECIDED_OPS
     ops = tuple(dict.fromkeys(o.strip() for o in named.split(",") if o.strip()))
-    known = (*DECIDED_OPS, *NAMED_ONLY_OPS)
     if not ops:
-        raise UsageError(f"--ops {named!r} names no op; name one or more of {', '.join(known)}, or leave it out")
-    if bad := [o for o in ops if o not in known]:
-        raise UsageError(f"--ops: unknown {', '.join(bad)}; choose from {', '.join(known)}")
+        raise UsageError(f"--ops {named!r} names no op; name one or more of {', '.join(MEASURED_OPS)}, or leave it out")
+    if bad := [o for o in ops if o not in MEASURED_OPS]:
+        raise UsageError(f"--ops: unknown {', '.join(bad)}; choose from {', '.join(MEASURED_OPS)}")
     return ops
 
 
@@ -249,7 +249,7 @@ def ratios(rows: list[Result], metric: str = "median_ms") -> dict[tuple[str, str
 
 
 def decisions(rows: list[Result]) -> list[dict]:
-    """The decision points of the DiT rows: per point, mode and op measured (DECIDED_OPS, NAMED_ONLY_OPS), "kernel"
+    """The decision points of the DiT rows: per point, mode and op measured (MEASURED_OPS), "kernel"
     where all native but that op's kernel beat all native by more than the point's noise (at least MIN_GAIN) with an
     error against fp32 at most MAX_ERROR_GROWTH times all native's, else "native"."""
     dit_rows = [r for r in rows if r.suite == "dit"]
@@ -261,7 +261,7 @@ def decisions(rows: list[Result]) -> list[dict]:
         if native is None:
             continue
         noise = abs(1 - again / plain) if plain and again else 0.0
-        for op in (*DECIDED_OPS, *NAMED_ONLY_OPS):
+        for op in MEASURED_OPS:
             variant = f"ours none,+{op}, compiled"
             with_kernel = ms.get((case, variant))
             if with_kernel is None:
