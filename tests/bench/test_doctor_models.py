@@ -26,9 +26,12 @@ def test_the_acceptance_set_is_fifteen_third_party_models_of_every_kind(dm):
     names = {c.name for c in cases}
     assert {"gpt2_greedy", "t5_small", "bert_base"} <= names  # a KV cache, an encoder-decoder, keyword inputs
     assert {c.group for c in cases} == set(dm.ACCEPTANCE)
-    assert [c.name for c in dm.select(["detectors", "t5_small"], small=False)] == ["t5_small"] + [
-        c.name for c in detectors
+    # the order named (a group's in the catalog's order), each case once
+    assert [c.name for c in dm.select(["detectors", "t5_small"], small=False)] == [c.name for c in detectors] + [
+        "t5_small"
     ]
+    picked = [c.name for c in dm.select(["maskrcnn_resnet50_fpn", "t5_small", "detectors"], small=False)]
+    assert picked == ["maskrcnn_resnet50_fpn", "t5_small"] + [c.name for c in detectors if c.name != picked[0]]
     with pytest.raises(SystemExit, match="unknown model or group nope"):
         dm.select(["nope"], small=False)
 
