@@ -79,5 +79,9 @@ def test_gpu_ceilings_for_are_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ceilings, "_memory", {})
     got = ceilings.ceilings_for("cuda", torch.bfloat16)
-    assert set(got) == {"copy_tbps", "gemm_tflops_bf16"} and got["copy_tbps"] > 0.5 and got["gemm_tflops_bf16"] > 50
-    assert json.loads((tmp_path / "ceilings.json").read_text())["ceilings"][f"{torch.cuda.get_device_name(0)}|bf16"]
+    assert set(got) == {"copy_tbps", "l2_tbps", "l2_bytes", "gemm_tflops_bf16"}
+    assert got["copy_tbps"] > 0.5 and got["gemm_tflops_bf16"] > 50 and got["l2_tbps"] >= got["copy_tbps"]
+    saved = json.loads((tmp_path / "ceilings.json").read_text())["ceilings"]
+    name = f"{torch.cuda.get_device_name(0)}|v{ceilings.CACHE_VERSION}"
+    assert saved[f"{name}|bf16"] == {"gemm_tflops_bf16": got["gemm_tflops_bf16"]}
+    assert saved[f"{name}|memory"]["l2_bytes"] == torch.cuda.get_device_properties(0).L2_cache_size

@@ -84,24 +84,34 @@ def test_a_missing_ceiling_for_a_mode_in_use_gives_no_percentage():
 
 def test_each_mode_is_measured_in_that_mode_and_kept_apart(tmp_path, monkeypatch):
     """float32 with the matmul precision at "highest" and cuDNN's TF32 on needs two GEMM ceilings: fp32 for the
-    GEMMs, tf32 for the convolutions, each measured with the matmul precision set to its mode, then restored."""
-    seen = []
+    GEMMs, tf32 for the convolutions, each measured with the matmul precision set to its mode, then restored. The
+    memory ceilings are the GPU's, measured once whatever the modes."""
+    seen, memory = [], []
 
-    def fake_measure(device, gemm_dtype, reps):
-        seen.append((gemm_dtype, torch.get_float32_matmul_precision()))
-        tflops = 400.0 if torch.get_float32_matmul_precision() == "high" else 51.2
-        return type("C", (), {"copy_tbps": 4.3, "gemm_tflops": tflops})()
+    def fake_gemm(device, dtype):
+        seen.append((dtype, torch.get_float32_matmul_precision()))
+        if dtype != torch.float32:
+            return 760.0
+        return 400.0 if torch.get_float32_matmul_precision() == "high" else 51.2
+
+    def fake_memory(device):
+        memory.append(device)
+        return {"copy_tbps": 4.3, "l2_tbps": 9.0, "l2_bytes": 60 << 20}
 
     monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ceil, "resolve_device", lambda d: torch.device("cuda"))
-    monkeypatch.setattr(ceil, "measure_ceilings", fake_measure)
+    monkeypatch.setattr(ceil, "best_gemm_tflops", fake_gemm)
+    monkeypatch.setattr(ceil, "memory_ceilings", fake_memory)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake H200")
     monkeypatch.setattr(ceil, "_memory", {})
     with math_modes("highest", True):
         got = ceil.ceilings_for("cuda", torch.float32)
         assert torch.get_float32_matmul_precision() == "highest"
-    assert got == {"copy_tbps": 4.3, "gemm_tflops_fp32": 51.2, "gemm_tflops_tf32": 400.0}
+    memory_part = {"copy_tbps": 4.3, "l2_tbps": 9.0, "l2_bytes": 60 << 20}
+    assert got == {**memory_part, "gemm_tflops_fp32": 51.2, "gemm_tflops_tf32": 400.0}
     assert seen == [(torch.float32, "highest"), (torch.float32, "high")]
+    assert ceil.ceilings_for("cuda", torch.bfloat16) == {**memory_part, "gemm_tflops_bf16": 760.0}
+    assert len(memory) == 1  # once per GPU, not once per math mode
 
 
 @requires_cuda
@@ -114,4 +124,62 @@ def test_a_conv_and_linear_model_stays_within_its_ceilings(dtype):
     with torch.no_grad():
         b = profile_breakdown(lambda: model(x), device="cuda", label=f"conv+linear {dtype}", dtype=dtype)
     assert any(c.pct_of_ceiling for c in b.classes if c.name == "gemm")
+    assert_within_ceilings(b)
+
+
+def _moves(name, start, us, key, nbytes):
+    return Launch(name, start, us, "elementwise", key, "aten::relu", work_key=key, work=nbytes)
+
+
+# The H100's measured figures (doctor_models, 2026-12-06): ResNet-50's eager bf16 elementwise ops read 3.3 TB/s, 136%
+# of a 2.41 TB/s copy from memory: tensors of a few MB, read from L2 just after the op before wrote them.
+H100 = {"copy_tbps": 2.9, "l2_tbps": 6.5, "l2_bytes": 50 << 20, "gemm_tflops_bf16": 700.0}
+
+
+def _elementwise(launches, ceilings):
+    b = summarize(launches, label="eager bf16", device="cuda", calls=1, call_ms=1.0, idle_share=0.1,
+                  ceilings=ceilings, dtype="bf16")  # fmt: skip
+    return b, next(c for c in b.classes if c.name == "elementwise")
+
+
+def test_bytes_that_fit_in_l2_are_judged_by_the_l2s_rate_and_the_rest_by_memorys():
+    mb = 1 << 20
+    small = [_moves(f"relu_{i}", 10 * i, 3 * mb / 3.3e12 * 1e6, i, 3 * mb) for i in range(20)]  # 3 MB at 3.3 TB/s
+    b, cls = _elementwise(small, H100)
+    assert cls.rate == pytest.approx(3.3, rel=1e-6)
+    assert cls.pct_of_ceiling == pytest.approx(100 * 3.3 / 6.5)
+    assert_within_ceilings(b)
+    memory_only = {k: v for k, v in H100.items() if not k.startswith("l2_")}  # a cache entry of version 1
+    b, cls = _elementwise(small, memory_only)
+    assert cls.pct_of_ceiling == pytest.approx(100 * 3.3 / 2.9)
+    with pytest.raises(AssertionError, match="above 105% of their ceiling"):
+        assert_within_ceilings(b)
+    # 200 MB: no more than the L2's 50 MB can come from there; the rest moves at memory's rate
+    big = _moves("relu_big", 0, 200 * mb / 2.8e12 * 1e6, 99, 200 * mb)
+    b, cls = _elementwise([big], H100)
+    ideal_s = 50 * mb / 6.5e12 + 150 * mb / 2.9e12
+    assert cls.pct_of_ceiling == pytest.approx(100 * ideal_s / (200 * mb / 2.8e12))
+    assert_within_ceilings(b)
+    # the same 200 MB moved at 4 TB/s is more than L2 and memory together can give: caught
+    b, cls = _elementwise([_moves("relu_big", 0, 200 * mb / 4.0e12 * 1e6, 99, 200 * mb)], H100)
+    with pytest.raises(AssertionError, match="above 105% of their ceiling"):
+        assert_within_ceilings(b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_eager_chain_of_small_elementwise_ops_stays_within_its_ceilings(dtype):
+    """Eager ops on tensors of a few MB, each reading what the one before wrote (ResNet-50's batch norms and ReLUs
+    at batch 1): the L2 serves them faster than memory can."""
+
+    def chain(x):
+        for _ in range(20):
+            x = torch.relu(x * 1.01 + 0.1)
+        return x
+
+    x = torch.randn(1, 256, 56, 56, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        b = profile_breakdown(lambda: chain(x), device="cuda", label=f"eager chain {dtype}", dtype=dtype)
+    assert any(c.pct_of_ceiling for c in b.classes if c.name == "elementwise")
+    assert set(ceil.ceilings_for("cuda", dtype)) >= {"copy_tbps", "l2_tbps", "l2_bytes"}
     assert_within_ceilings(b)

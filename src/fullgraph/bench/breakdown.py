@@ -140,7 +140,7 @@ def _ceiling(cls: str, group: Sequence[Launch], ceilings: dict[str, float], dtyp
     (cuDNN's flag), GEMMs and attention at `dtype`'s (the matmul precision). A class mixing both modes (fp32
     convolutions in TF32 beside fp32 GEMMs) gets the work-weighted ceiling; None where one is missing."""
     if cls not in ("gemm", "attention"):
-        return ceilings.get("copy_tbps") if cls in ("elementwise", "copy") else None
+        return _memory_ceiling(group, ceilings) if cls in ("elementwise", "copy") else None
     ops = {x.work_key if x.work_key is not None else id(x): x for x in group if x.work}
     modes = {k: conv if cls == "gemm" and _is_conv(x) else dtype for k, x in ops.items()}
     tops = {m: _gemm_ceiling(ceilings, m) for m in set(modes.values()) or {dtype}}
@@ -149,6 +149,19 @@ def _ceiling(cls: str, group: Sequence[Launch], ceilings: dict[str, float], dtyp
     if not ops:
         return tops[dtype]
     return sum(x.work for x in ops.values()) / sum(x.work / tops[modes[k]] for k, x in ops.items())
+
+
+def _memory_ceiling(group: Sequence[Launch], ceilings: dict[str, float]) -> float | None:
+    """The rate the class would reach with each op's bytes, up to the L2's size, moved at the L2's copy rate and the
+    rest at memory's: an op whose tensors fit in L2 (an eager op reading what the op before it just wrote) can pass
+    the memory's rate, and no more than the L2's size of its bytes can come from there. Without the L2's figures
+    (an older cache entry), the copy from memory."""
+    hbm, l2, l2_bytes = (ceilings.get(k) for k in ("copy_tbps", "l2_tbps", "l2_bytes"))
+    ops = {x.work_key if x.work_key is not None else id(x): x.work for x in group if x.work}
+    if not hbm or not l2 or not l2_bytes or not ops:
+        return hbm
+    ideal = sum(min(b, l2_bytes) / max(l2, hbm) + max(0.0, b - l2_bytes) / hbm for b in ops.values())
+    return sum(ops.values()) / ideal
 
 
 def summarize(

@@ -1,10 +1,17 @@
-"""The two ceilings every speed figure is compared with: memory bandwidth and matrix-multiply rate.
+"""The ceilings every speed figure is compared with: memory bandwidth (from memory and from L2) and matrix-multiply
+rate.
 
 Measured, not taken from a datasheet: a large device-to-device copy (bytes read plus bytes written) and a
 large GEMM on random data (zeros run faster than real data on some GPUs), in the dtype asked for.
 
-`ceilings_for` measures them once per GPU and dtype and keeps them in `$FULLGRAPH_CACHE_DIR/ceilings.json`
-(default `~/.cache/fullgraph`), so a breakdown or a doctor run does not spend seconds on them every time.
+`ceilings_for` measures them once per GPU (memory) and math mode (GEMMs) and keeps them in
+`$FULLGRAPH_CACHE_DIR/ceilings.json` (default `~/.cache/fullgraph`), so a breakdown or a doctor run does not spend
+seconds on them every time. A ceiling is the best the GPU reached, not its median: the fastest of the copies, and
+the fastest GEMM of `GEMM_SIZES` (on an H100 the largest GEMM runs below a mid-sized one's rate as its clocks drop).
+Beside the copy from memory, a copy whose source and destination fit in L2 together gives the rate of work that
+L2 serves (an eager elementwise op reading what the op before it just wrote): a breakdown judges each op's bytes,
+up to the L2's size, against that one (`bench.breakdown`). Measure on a GPU nothing else uses: a ceiling measured
+beside another process is low, and every rate above it reads as a bug.
 """
 
 from __future__ import annotations
@@ -78,7 +85,57 @@ def _time_gemm(n: int, dtype: torch.dtype, device: torch.device, reps: int) -> T
     return measure(lambda: torch.mm(a, b), device=device, warmup=5, reps=reps)
 
 
-# ---- measured once per GPU and dtype, kept on disk -------------------------------------------------------
+# ---- the doctor's ceilings: the best rates, measured once per GPU and math mode, kept on disk ---------------
+
+GEMM_SIZES = (4096, 8192)
+CACHE_VERSION = 2  # in each key: version 1 kept median copies and one GEMM size, per math mode
+
+
+def _best_copy_tbps(device: torch.device, copy_bytes: int, reps: int) -> float:
+    words = copy_bytes // 4
+    return tbps(2 * words * 4, time_copy(words, device, reps).min_ms)
+
+
+def l2_copy_tbps(device: torch.device, reps: int = 40) -> tuple[int, float]:
+    """(the L2's size in bytes, the best TB/s of a copy whose source and destination together fill a quarter of
+    it), timed by the profiler's kernel durations: the clock a breakdown's rates are read from (a copy this small
+    lasts a few microseconds, less than the gaps between launches that CUDA events would count). (0, 0.0) where
+    the GPU does not say its L2's size."""
+    size = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    if size <= 0:
+        return 0, 0.0
+    words = size // 8 // 4  # source and destination: a quarter of the L2 together
+    src = torch.randn(words, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(5):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            dst.copy_(src)
+        torch.cuda.synchronize(device)
+    cuda = torch.autograd.DeviceType.CUDA
+    durs = [
+        k.duration_ns() / 1e3 if hasattr(k, "duration_ns") else k.duration_us()
+        for k in prof.profiler.kineto_results.events()
+        if k.device_type() == cuda
+    ]
+    durs = [d for d in durs if d > 0]
+    return (size, tbps(2 * words * 4, min(durs) / 1e3)) if durs else (size, 0.0)
+
+
+def memory_ceilings(device: torch.device, copy_bytes: int = 2 << 30, reps: int = 20) -> dict[str, float]:
+    """{"copy_tbps", "l2_tbps", "l2_bytes"}: the best copy from memory, and from L2 (never below the first)."""
+    hbm = _best_copy_tbps(device, copy_bytes, reps)
+    l2_bytes, l2 = l2_copy_tbps(device)
+    out = {"copy_tbps": round(hbm, 3)}
+    return out | ({"l2_tbps": round(max(l2, hbm), 3), "l2_bytes": l2_bytes} if l2_bytes else {})
+
+
+def best_gemm_tflops(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = GEMM_SIZES, reps: int = 20):
+    """The best TFLOP/s of square GEMMs of `sizes` in `dtype` (the fastest repetition of each)."""
+    return max(tflops(gemm_flops(n, n, n), _time_gemm(n, dtype, device, reps).min_ms) for n in sizes)
+
 
 SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 _memory: dict[tuple[str, str], dict[str, float]] = {}  # (file, key) -> ceilings, this process
@@ -116,25 +173,25 @@ def _matmul_mode(tag: str) -> Iterator[None]:
 
 
 def ceilings_for(device: str | torch.device | None, dtype: torch.dtype | None = None) -> dict[str, float]:
-    """{"copy_tbps": ..., "gemm_tflops_<tag>": ...} for this GPU and dtype (bf16 if None), one GEMM ceiling per
-    math mode the model's GEMMs and convolutions run in (float32: "fp32" and/or "tf32", `dtype_tag` and
-    `conv_dtype_tag`), each measured in that mode; {} on the CPU.
+    """{"copy_tbps", "l2_tbps", "l2_bytes", "gemm_tflops_<tag>": ...} for this GPU and dtype (bf16 if None): the
+    memory ceilings (`memory_ceilings`), and one GEMM ceiling per math mode the model's GEMMs and convolutions run
+    in (float32: "fp32" and/or "tf32", `dtype_tag` and `conv_dtype_tag`), each measured in that mode; {} on the CPU.
 
-    Measured on the first call for a GPU name and math mode, then read from the cache file.
+    Measured on the first call for a GPU name (memory) and math mode (GEMMs), then read from the cache file.
     """
     device = resolve_device(device)
     if device.type != "cuda":
         return {}
     dtype = dtype or torch.bfloat16
-    out: dict[str, float] = {}
+    name = f"{torch.cuda.get_device_name(device)}|v{CACHE_VERSION}"
+    out = cached_ceilings(f"{name}|memory", lambda: memory_ceilings(device))
     for tag in dict.fromkeys((dtype_tag(dtype), conv_dtype_tag(dtype))):
 
         def measure_now(tag: str = tag) -> dict[str, float]:
             with _matmul_mode(tag):
-                c = measure_ceilings(device, gemm_dtype=dtype, reps=20)
-            return {"copy_tbps": round(c.copy_tbps, 3), f"gemm_tflops_{tag}": round(c.gemm_tflops, 1)}
+                return {f"gemm_tflops_{tag}": round(best_gemm_tflops(device, dtype), 1)}
 
-        out |= cached_ceilings(f"{torch.cuda.get_device_name(device)}|{tag}", measure_now)
+        out |= cached_ceilings(f"{name}|{tag}", measure_now)
     return out
 
 
