@@ -3,7 +3,9 @@
 H100, 2026-12-06 (`results/doctor_models_34*_h100.*`): as written every surface states explain's count (Faster R-CNN
 27, Mask R-CNN 49, RetinaNet 5), but with `with_=("nms",)` the doctor read 19 / 30 / 4 where explain with the fix
 on reads 21 / 43 / 5. The doctor reads them after its as-written capture, in the same process, without resetting
-Dynamo, then with the recompile limit raised; explain resets first. This counts the breaks with the fix four ways:
+Dynamo, then with the recompile limit raised; explain resets first. (Answer, H200: a capture after a reset sees
+explain's graphs; one after the as-written capture sees fewer, as frames at their recompile limit run eagerly. The
+doctor now resets Dynamo before it reads the breaks with the fixes.) This counts the breaks with the fix four ways:
   explain        explain on a fresh copy after a reset (the reference)
   clean          our capture on a fresh copy after a reset
   after          our capture after an as-written capture of the model (the doctor's order), torch's recompile limit

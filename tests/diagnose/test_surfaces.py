@@ -104,6 +104,36 @@ def test_with_our_nms_the_bf16_row_runs_and_its_count_is_checked_against_explain
     assert not wrong.ok and wrong.text.endswith(f"bf16 {refs['bf16']} (ref {refs['bf16'] + 1})")
 
 
+def _helper_with_a_break(t):
+    t = t.cos()
+    print("", end="")  # a break inside a helper called once per item
+    return t.sin()
+
+
+class PerItemLoop(torch.nn.Module):
+    """A forward over ten views of ten ranks: the helper compiles once per rank and reaches torch's recompile limit
+    within one call, as torchvision's per-image code does on a detector."""
+
+    def forward(self, x):
+        return [_helper_with_a_break(x[: 2**rank].reshape([2] * rank)) * 2 for rank in range(1, 11)]
+
+
+def test_the_breaks_with_a_fix_are_read_as_a_fresh_process_reads_them():
+    """The with-fix capture comes after the doctor's own capture of the model as written. Without a reset, the
+    helper's code stayed at its recompile limit from that capture and ran eagerly: 0 graphs where explain sees 16
+    (Faster R-CNN on the H200: 18 where explain sees 22, docs/doctor.md)."""
+    model = PerItemLoop()
+    args = (torch.randn(1024),)
+    refs = {"fp32": explained(model, args, torch.float32, fixes.applied(("dynamic_output_shapes",)))}
+    assert refs["fp32"] > 8  # the limit is reached inside one call
+    torch._dynamo.reset()
+    r = doc.doctor(model, args, modes=EAGER, reps=3, profile=False, with_=("dynamic_output_shapes",))
+    check = surfaces.fix_break_check(r, refs)
+    assert check.ok, check.text
+    assert r.applied_breaks[0].graph_count == r.graph_count  # the fix changes nothing here: the same graphs
+    assert any("Dynamo's caches were reset" in n for n in r.notes)
+
+
 def test_set_once_state_is_counted_with_our_fix_as_explain_counts_it_on_a_fresh_model(detector):
     """torchvision's poolers set their scales on the first call, through a break (docs/doctor.md): the doctor's
     with-fix capture (doctor._capture_with) runs on a copy of the model taken before any call, so it counts that
