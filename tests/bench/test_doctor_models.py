@@ -62,3 +62,34 @@ def test_the_parts_csvs_read_back_as_one_table_with_failures_in_bold(dm, tmp_pat
     assert "every check holds on 1; not on: retinanet_resnet50_fpn (terminal), tv_vit_b_16 (error)" in out
     with pytest.raises(SystemExit, match="no file"):
         dm.main(["--from-csv", str(tmp_path / "missing.csv")])
+
+
+def test_the_set_must_show_a_failed_row_running_with_our_fixes_somewhere(dm):
+    """A model whose rows all ran as written has nothing for the fixes to show, and passes; the set as a whole must
+    show one row that failed as written running with them (the acceptance's bf16 row)."""
+    ran = {
+        "model": "retinanet",
+        "group": "detectors",
+        "explain_with": "fp32=5",
+        "with_fix_rows": "no row failed as written",
+    }
+    rescued = {
+        **ran,
+        "model": "ssdlite",
+        "with_fix_rows": "eager bf16: failed -> 360 ms, 92.3% matched, over tolerance",
+    }
+    still = {
+        **ran,
+        "model": "fasterrcnn",
+        "with_fix_rows": "eager bf16: failed -> failed",
+        "failed_checks": "with_fix_rows",
+    }
+    assert dm.holds([ran, rescued]) and "no model shows" not in dm.verdict([ran, rescued])
+    assert not dm.holds([ran]) and dm.verdict([ran]).endswith(
+        "no model shows a row that failed as written running with our fixes"
+    )
+    assert not dm.holds([ran, rescued, still]) and "not on: fasterrcnn (with_fix_rows)" in dm.verdict(
+        [ran, rescued, still]
+    )
+    plain = {"model": "resnet50", "group": "timm", "explain_with": ""}
+    assert dm.holds([plain])  # no fixes measured: nothing to show
