@@ -202,8 +202,9 @@ def command(cases: list[Case]) -> str:
 
 
 def plan(cases: list[Case], limit: float) -> str:
-    lines = [f"# {len(cases)} model(s), about {sum(c.est_s for c in cases) / 60:.0f} min on the H200, "
-             f"in parts of at most {limit / 60:.1f} min (one device call each):"]  # fmt: skip
+    lines = [f"# {len(cases)} model(s), about {sum(c.est_s for c in cases) / 60:.0f} min of parts sharing one GPU, "
+             f"in parts of at most {limit / 60:.1f} min; h200.sh's step doctor-models-streams runs three side by "
+             "side in one device call (the seconds are then not comparable), or one call each:"]  # fmt: skip
     for i, p in enumerate(parts(cases, limit), 1):
         lines += [f"# part {i}: ~{sum(c.est_s for c in p) / 60:.1f} min", command(p)]
     lines.append("# then: PYTHONPATH=src python3 benchmarks/doctor_models.py --from-csv PART1.csv,PART2.csv,...")

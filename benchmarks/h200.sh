@@ -3,7 +3,7 @@
 # Usage there: bash benchmarks/h200.sh [step ...]   steps: env tests ceilings ops attention doctor doctor-vit256 breakdown
 #   dit vit doctor-models compile-presets compile-bucketed regional overhead tune tune-attention grad-mode
 #   fullgraph-tune coldstart nms robot regional-aot dit-eager aoti-crash vit-gemm vit-tma load dit-threads zoo fleet
-#   sweep gemm-gelu lock-bound percall bisect gpu-tests native-gap dit-host host-cut
+#   sweep gemm-gelu lock-bound percall bisect gpu-tests native-gap dit-host host-cut doctor-models-streams
 #   (default: env tests ceilings ops)
 # Writes everything under $OUT (or ./out) and prints short tables last.
 set -uo pipefail
@@ -85,6 +85,23 @@ for step in $steps; do
       # part starts no model past DOCTOR_MODELS_DEADLINE (540 s) and names the rest. Parts' CSVs join with --from-csv.
       # shellcheck disable=SC2086 # a word list
       $py benchmarks/doctor_models.py ${DOCTOR_MODELS_ARGS:-} 2>&1 | tee "$OUT/doctor_models.txt" | grep -v '^  \[' | tail -40
+      ;;
+    doctor-models-streams)  # issue 34: the 16 models in one device call, three parts side by side on one GPU (the
+      # seconds are then not comparable; the surfaces are what is checked). The ceilings are measured first, alone: a
+      # ceiling measured beside another process is low. Each part writes $OUT/<part>/doctor_models.{csv,json}.
+      $py -c 'import torch; from fullgraph.bench.ceilings import ceilings_for as c
+print(torch.cuda.get_device_name(), c("cuda", torch.float32), c("cuda", torch.bfloat16))' 2>&1 | tail -1
+      parts=("${DOCTOR_PART_A:-maskrcnn_resnet50_fpn swin_tiny_patch4_window7_224 gpt2_greedy tv_resnet50}"
+             "${DOCTOR_PART_B:-ssdlite320_mobilenet_v3_large fasterrcnn_resnet50_fpn bert_base resnet50}"
+             "${DOCTOR_PART_C:-retinanet_resnet50_fpn t5_small vit_base_patch16_224 convnext_tiny efficientnet_b0 clip_vision_b32 tv_convnext_tiny tv_vit_b_16}")
+      for i in 0 1 2; do
+        # shellcheck disable=SC2086 # a word list
+        DOCTOR_MODELS_DEADLINE=${DOCTOR_MODELS_DEADLINE:-470} OUT="$OUT/part$i" \
+          $py benchmarks/doctor_models.py ${parts[$i]} > "/tmp/doctor_part$i.log" 2>&1 &
+        sleep 15
+      done
+      wait
+      for i in 0 1 2; do grep -E '^\| |every check|not started|^DOCTOR' "/tmp/doctor_part$i.log" | cut -c1-330; done
       ;;
     compile-presets)  # issue 12: each preset at batch 4, 1, 256 bf16 on timm ViT-B/16; plain modes at batch 4
       $py benchmarks/compile_presets.py presets --batches ${BATCHES:-4,1,256} --csv "$OUT/compile_presets_h200.csv" \
