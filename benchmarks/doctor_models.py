@@ -144,23 +144,31 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _failing(rows: list[dict]) -> list[str]:
+    """The models with an error or a failed check, each with what failed."""
+    return [f"{r['model']} ({'error' if r.get('error') else r['failed_checks']})" for r in rows
+            if r.get("error") or r.get("failed_checks")]  # fmt: skip
+
+
+def _nothing_rescued(rows: list[dict]) -> bool:
+    """Fixes were measured, yet no model shows a row that failed as written running with them."""
+    with_fixes = [r.get("with_fix_rows", "") for r in rows if r.get("explain_with")]
+    return bool(with_fixes) and not surfaces.rescued_somewhere(with_fixes)
+
+
 def verdict(rows: list[dict]) -> str:
-    bad = [f"{r['model']} ({'error' if r.get('error') else r['failed_checks']})" for r in rows
-           if r.get("error") or r.get("failed_checks")]  # fmt: skip
+    bad = _failing(rows)
     third_party = sum(1 for r in rows if r.get("group") in ACCEPTANCE and not r.get("error"))
     head = f"{len(rows)} model(s), {third_party} third-party run; every check holds on {len(rows) - len(bad)}"
     head += f"; not on: {', '.join(bad)}" if bad else ""
-    with_fixes = [r.get("with_fix_rows", "") for r in rows if r.get("explain_with")]
-    if with_fixes and not surfaces.rescued_somewhere(with_fixes):
+    if _nothing_rescued(rows):
         head += "; no model shows a row that failed as written running with our fixes"
     return head
 
 
 def holds(rows: list[dict]) -> bool:
     """Every check on every model, and (where fixes were measured) a failed row that ran with them somewhere."""
-    with_fixes = [r.get("with_fix_rows", "") for r in rows if r.get("explain_with")]
-    clean = all(not r.get("error") and not r.get("failed_checks") for r in rows)
-    return clean and (not with_fixes or surfaces.rescued_somewhere(with_fixes))
+    return not _failing(rows) and not _nothing_rescued(rows)
 
 
 def write(rows: list[dict], reports: dict, path: str) -> None:

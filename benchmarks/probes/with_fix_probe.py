@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+from collections import Counter
 
 import torch
 
@@ -32,12 +33,8 @@ from fullgraph.diagnose import dynamo, fixes  # noqa: E402
 from fullgraph.diagnose.inputs import Example  # noqa: E402
 
 
-def places(breaks) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for b in breaks:
-        key = f"{os.path.basename(b.file)}:{b.line}"  # explain words its reasons otherwise
-        out[key] = out.get(key, 0) + 1
-    return out
+def places(breaks) -> Counter:
+    return Counter(f"{os.path.basename(b.file)}:{b.line}" for b in breaks)  # explain words its reasons otherwise
 
 
 def main(names: list[str]) -> None:
@@ -50,11 +47,12 @@ def main(names: list[str]) -> None:
         torch._dynamo.reset()
         with torch.no_grad(), fixes.applied(names_):
             ex = torch._dynamo.explain(copy.deepcopy(fn))(*example.args, **example.kwargs)
-        ref = {}
-        for r in ex.break_reasons:
-            frame = r.user_stack[-1] if r.user_stack else None
-            key = f"{os.path.basename(frame.filename)}:{frame.lineno}" if frame else r.reason.splitlines()[0][:60]
-            ref[key] = ref.get(key, 0) + 1
+        ref = Counter(
+            f"{os.path.basename(r.user_stack[-1].filename)}:{r.user_stack[-1].lineno}"
+            if r.user_stack
+            else r.reason.splitlines()[0][:60]
+            for r in ex.break_reasons
+        )
         fixed = "+".join(names_)
         print(f"=== {case.name}: explain with {fixed}: {ex.graph_break_count} breaks, {ex.graph_count} graphs")
         for way in ("clean", "after", "after+room"):
@@ -66,7 +64,7 @@ def main(names: list[str]) -> None:
             with room, fixes.applied(names_):
                 rec, _ = dynamo.capture_breaks(fresh, example.fresh())
             got = places(rec.breaks)
-            diff = {k: (got.get(k, 0), ref.get(k, 0)) for k in set(got) | set(ref) if got.get(k, 0) != ref.get(k, 0)}
+            diff = {k: (got[k], ref[k]) for k in got | ref if got[k] != ref[k]}
             print(f"  {way:11s} {len(rec.breaks):3d} breaks, {len(rec.graphs)} graphs; differs from explain at:")
             for k, (a, b) in sorted(diff.items()):
                 print(f"      {a:3d} vs {b:3d}  {k}")

@@ -27,6 +27,7 @@ import torch
 
 from fullgraph import env
 from fullgraph._files import write_atomic
+from fullgraph.bench.profile_events import duration_us
 from fullgraph.bench.roofline import gemm_flops, tbps, tflops
 from fullgraph.timing import Timing, measure, resolve_device
 
@@ -118,12 +119,7 @@ def l2_copy_tbps(device: torch.device, reps: int = 40) -> tuple[int, float]:
     except RuntimeError:  # a profiler of the caller's is running: no L2 figure, memory's judges every byte
         return size, 0.0
     cuda = torch.autograd.DeviceType.CUDA
-    durs = [
-        k.duration_ns() / 1e3 if hasattr(k, "duration_ns") else k.duration_us()
-        for k in prof.profiler.kineto_results.events()
-        if k.device_type() == cuda
-    ]
-    durs = [d for d in durs if d > 0]
+    durs = [d for k in prof.profiler.kineto_results.events() if k.device_type() == cuda and (d := duration_us(k)) > 0]
     return (size, tbps(2 * words * 4, min(durs) / 1e3)) if durs else (size, 0.0)
 
 

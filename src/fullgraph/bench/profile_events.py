@@ -35,6 +35,11 @@ class Launch:
     patch_conv: str = ""  # launched by a patch-embedding convolution: its description
 
 
+def duration_us(k: Any) -> float:
+    """A kineto event's duration in microseconds (nanoseconds where this torch keeps them)."""
+    return k.duration_ns() / 1e3 if hasattr(k, "duration_ns") else k.duration_us()
+
+
 def _arg(ci: Sequence[Any] | None, i: int) -> Any:
     return ci[i] if ci and len(ci) > i else None
 
@@ -153,7 +158,7 @@ class Events:
             if k.device_type() != torch.autograd.DeviceType.CUDA or _annotation(k):
                 continue
             start_us = k.start_ns() / 1e3 if hasattr(k, "start_ns") else k.start_us()
-            dur_us = k.duration_ns() / 1e3 if hasattr(k, "duration_ns") else k.duration_us()
+            dur_us = duration_us(k)
             op = self.by_id.get(k.linked_correlation_id())
             out.append(self.launch(k.name(), start_us, dur_us, op, k.nbytes() if hasattr(k, "nbytes") else 0))
         return out
