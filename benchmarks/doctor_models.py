@@ -3,7 +3,8 @@
 The set (`doctor_cases.py`): timm ViT-B/16, ResNet-50, ConvNeXt-T, Swin-T and EfficientNet-B0; transformers BERT-base
 (keyword inputs), GPT-2 greedy decoding with a KV cache, T5-small (an encoder-decoder) and CLIP's vision tower;
 torchvision ResNet-50, ConvNeXt-T and ViT-B/16; torchvision's Faster R-CNN, Mask R-CNN, RetinaNet and SSDlite on a
-list of images, run as written and with our NMS (`with_=("nms",)`) in fp32 and bf16. Random weights, built offline.
+list of images, run as written and with our fixes (`with_=("nms",)`; R-CNN's also `"roi_align"`) in fp32 and bf16.
+Random weights, built offline.
 Group `ours` adds the doctor's own test models; `--small` runs CPU stand-ins (tiny transformers, the test models,
 a torchvision NMS stand-in) in a minute or two.
 

@@ -1,8 +1,11 @@
-"""A stand-in for torchvision's NMS, for CPU tests: torchvision's wheels for this torch need CUDA. Written into a
-folder that a test puts on `sys.path`, beside a detector target that calls it as torchvision's detection models do.
+"""A stand-in for torchvision's NMS and RoI Align, for CPU tests: torchvision's wheels for this torch need CUDA.
+Written into a folder that a test puts on `sys.path`, beside a detector target that calls it as torchvision's
+detection models do.
 
 Like torchvision's: `batched_nms` separates classes by offsetting their boxes and calls `nms`, whose output size
 depends on the data (Dynamo breaks the graph there: "Dynamic shape operator"), and whose kernel has no bf16.
+`roi_align` (one bilinear sample per bin) has no bf16 kernel either, and `poolers` binds it at import, as
+torchvision's do. `detector.py:build_rcnn` pools the kept boxes with it, as R-CNN's box heads do.
 Not collected by pytest (no `test_` prefix).
 """
 
@@ -36,10 +39,39 @@ def batched_nms(boxes, scores, idxs, iou_threshold):
     return nms(boxes + offsets[:, None], scores, iou_threshold)
 """
 
+ROI_ALIGN = """
+import torch
+import torch.nn.functional as F
+
+
+def roi_align(input, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False):
+    if input.dtype == torch.bfloat16:  # torchvision's kernels are dispatched for float, double and half only
+        raise NotImplementedError("\\"roi_align_forward_kernel\\" not implemented for 'BFloat16'")
+    if not isinstance(boxes, torch.Tensor):  # a list per image: (image, x1, y1, x2, y2) rows
+        boxes = torch.cat([torch.cat([torch.full_like(b[:, :1], i), b], 1) for i, b in enumerate(boxes)])
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    h, w = input.shape[-2:]
+    ty = (torch.arange(oh, device=input.device, dtype=input.dtype) + 0.5) / oh
+    tx = (torch.arange(ow, device=input.device, dtype=input.dtype) + 0.5) / ow
+    b = boxes[:, 1:] * spatial_scale
+    y = b[:, 1, None] + (b[:, 3, None] - b[:, 1, None]) * ty  # one sample per bin, at its centre
+    x = b[:, 0, None] + (b[:, 2, None] - b[:, 0, None]) * tx
+    grid = torch.stack(torch.broadcast_tensors(x[:, None, :] / w * 2 - 1, y[:, :, None] / h * 2 - 1), -1)
+    return F.grid_sample(input[boxes[:, 0].long()], grid, align_corners=False)
+"""
+
+POOLERS = """
+from torchvision.ops.roi_align import roi_align
+
+
+def pool(features, boxes, output_size, spatial_scale):
+    return roi_align(features, boxes, output_size, spatial_scale)
+"""
+
 DETECTOR = '''
 import torch
 from torch import nn
-from torchvision.ops import boxes as box_ops
+from torchvision.ops import boxes as box_ops, poolers
 
 
 class Detector(nn.Module):
@@ -62,6 +94,27 @@ class Detector(nn.Module):
 def build():
     torch.manual_seed(0)
     return Detector().eval(), (torch.randn(1, 3, 24, 24),)
+
+
+class RCNN(Detector):
+    """Two stages, as R-CNN's: the kept boxes' features pooled with roi_align (through the poolers, as torchvision's
+    box heads are) and rescored."""
+
+    def __init__(self):
+        super().__init__()
+        self.box_head = nn.Linear(6 * 2 * 2, 1)
+
+    def forward(self, x):
+        features = self.head(x)
+        (found,) = super().forward(x)
+        pooled = poolers.pool(features, [found["boxes"]], (2, 2), 0.25)
+        scores = found["scores"] * self.box_head(pooled.flatten(1))[:, 0].sigmoid()
+        return [{"boxes": found["boxes"], "scores": scores, "labels": found["labels"]}]
+
+
+def build_rcnn():
+    torch.manual_seed(0)
+    return RCNN().eval(), (torch.randn(1, 3, 24, 24),)
 '''
 
 
@@ -71,8 +124,12 @@ def write(folder: Path) -> Path:
     ops = folder / "torchvision" / "ops"
     ops.mkdir(parents=True)
     (folder / "torchvision" / "__init__.py").write_text("from torchvision import ops\n")
-    (ops / "__init__.py").write_text("from torchvision.ops.boxes import batched_nms, nms\n")
+    (ops / "__init__.py").write_text(
+        "from torchvision.ops.boxes import batched_nms, nms\nfrom torchvision.ops.roi_align import roi_align\n"
+    )
     (ops / "boxes.py").write_text(BOXES)
+    (ops / "roi_align.py").write_text(ROI_ALIGN)
+    (ops / "poolers.py").write_text(POOLERS)
     (folder / "detector.py").write_text(DETECTOR)
     return folder / "detector.py"
 

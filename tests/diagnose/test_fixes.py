@@ -18,7 +18,7 @@ from fullgraph.diagnose.html import render_html
 from fullgraph.diagnose.report import Report
 from fullgraph.diagnose.summary import format_summary
 from fullgraph.errors import UsageError
-from fullgraph.models import replace_torchvision_nms
+from fullgraph.models import replace_torchvision_nms, upcast_torchvision_roi_align
 from tests.diagnose import fake_torchvision
 
 RUN = {"modes": ("eager",), "reps": 3, "profile": False}  # rows without Inductor: the captures are the point
@@ -27,14 +27,15 @@ NMS_CODE = "with fullgraph.models.replace_torchvision_nms():\n    y = model(*arg
 
 
 @pytest.fixture
-def detector(tmp_path, monkeypatch):
-    """(path of detector.py, model, args), the fake torchvision importable; both forgotten afterwards."""
+def detector(request, tmp_path, monkeypatch):
+    """(path of detector.py, model, args), the fake torchvision importable; both forgotten afterwards. The model is
+    `build`'s (NMS only) unless the test is parametrized indirectly with another builder (`build_rcnn`)."""
     path = fake_torchvision.write(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     torch._dynamo.reset()
     import detector as module
 
-    yield path, *module.build()
+    yield path, *getattr(module, getattr(request, "param", "build"))()
     fake_torchvision.forget()
     torch._dynamo.reset()
 
@@ -106,6 +107,29 @@ def test_with_both_fixes_the_nms_breaks_are_gone_as_measured(detector):
     assert r.graph_break_count > 0 and [c.name for c in r.configs][1] == "eager fp32 with nms+dynamic_output_shapes"
 
 
+@pytest.mark.parametrize("detector", ["build_rcnn"], indirect=True)
+def test_roi_align_failure_past_nms_gets_our_roi_align_fix_and_both_run_the_bf16_rows(detector):
+    _, model, args = detector
+    r = doctor(model, args, dtypes=BOTH, with_=("nms",), **RUN)
+    rows = {c.name: c for c in r.configs}
+    assert '"nms_kernel"' in rows["eager bf16"].error
+    assert '"roi_align_forward_kernel" not implemented for' in rows["eager bf16 with nms"].error
+    offered = {f.name: f for f in r.fixes}
+    assert list(offered) == ["nms", "roi_align", "dynamic_output_shapes"]
+    assert offered["roi_align"].code == f"with fullgraph.models.upcast_torchvision_roi_align():\n    {fixes._CALL}"
+    assert [w.split(":")[0] for w in offered["roi_align"].reasons] == ["eager bf16 with nms failed"]
+    assert not any("with nms failed" in w for w in offered["nms"].reasons)  # a row never offers what it ran with
+    assert all(b.fixes != ["roi_align"] for b in r.breaks)  # offered for failures only, never for a break
+
+    r = doctor(model, args, dtypes=BOTH, with_=("nms", "roi_align"), **RUN)
+    rows = {c.name: c for c in r.configs}
+    fixed = rows["eager bf16 with nms+roi_align"]
+    assert rows["eager bf16"].error and fixed.error is None and fixed.median_ms > 0 and fixed.matched is not None
+    explain_both = [explained(model, args, d, replace_torchvision_nms(), upcast_torchvision_roi_align()) for d in BOTH]
+    assert [c.graph_count - 1 for c in r.applied_breaks] == explain_both
+    assert "eager bf16: failed -> eager bf16 with nms+roi_align: " in format_summary(r, width=200)
+
+
 def test_fixes_match_nms_frames_only():
     assert fixes.for_break(["/m/model.py:forward"], "Dynamic shape operator") == []  # the user's own mask: generic
     assert fixes.for_break(["/m/model.py:forward", "/fg/fullgraph/models/nms.py:batched_nms"], "Dynamic shape operator")
@@ -116,10 +140,14 @@ def test_fixes_match_nms_frames_only():
     assert fixes.for_break(["/site/torchvision/ops/boxes.py:nms"], "Unsupported method call") == ["nms"]
     assert fixes.for_failure("RuntimeError: \"nms_kernel\" not implemented for 'Half'") == ["nms"]
     assert fixes.for_failure("RuntimeError: shapes do not match") == []
+    roi = "NotImplementedError: \"roi_align_forward_kernel\" not implemented for 'BFloat16'"
+    assert fixes.for_failure(roi) == ["roi_align"]
+    assert "roi_align" not in fixes.for_break(["/site/torchvision/ops/roi_align.py:roi_align"], "anything")
 
 
 def test_unknown_fix_is_a_usage_error_naming_the_known_ones():
-    with pytest.raises(UsageError, match=r"with_: unknown fix 'nmx'; choose from nms, dynamic_output_shapes"):
+    known = "choose from nms, roi_align, dynamic_output_shapes"
+    with pytest.raises(UsageError, match=rf"with_: unknown fix 'nmx'; {known}"):
         doctor(torch.nn.Linear(2, 2), (torch.randn(1, 2),), with_=("nmx",), **RUN)
 
 
@@ -134,7 +162,9 @@ def test_cli_with(detector, tmp_path, capsys):
     out = ["--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")]
     assert main(["doctor", f"{path}:build", "--with", "nms,bogus", *out]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "fullgraph doctor: error: --with: unknown fix 'bogus'; choose from nms, dynamic_output_shapes"
+    assert err == "fullgraph doctor: error: --with: unknown fix 'bogus'; choose from nms, roi_align, " + (
+        "dynamic_output_shapes"
+    )
     # bf16 first: the CLI's eager check runs with the fixes applied, so the row as written fails in the report.
     run = ["--mode", "eager", "--dtype", "bf16", "--reps", "3", "--no-profile", *out]
     assert main(["doctor", f"{path}:build", "--with", "nms", *run]) == 0

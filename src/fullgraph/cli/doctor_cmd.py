@@ -63,7 +63,8 @@ def add_parser(sub, name: str, help_text: str) -> None:
         default=[],
         metavar="FIX[,FIX]",
         help="also run every row with our fixes applied, timed beside it, and read the graph breaks again with them: "
-        "nms (torchvision's batched_nms replaced by fullgraph's), dynamic_output_shapes (torch's "
+        "nms (torchvision's batched_nms replaced by fullgraph's), roi_align (torchvision's roi_align in float32 for "
+        "bf16 inputs), dynamic_output_shapes (torch's "
         "capture_dynamic_output_shape_ops, scoped); comma-separated or repeated",
     )
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profile of where the time goes")

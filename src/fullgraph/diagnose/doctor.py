@@ -112,10 +112,10 @@ def doctor(
 
     `budget` bounds the whole run in seconds, skipping the slowest compile modes first; `threads` pins CPU threads
     (default: the cores no other work is using); `profile` adds where the time goes for eager and the pick.
-    `with_` names our fixes (`fullgraph.diagnose.fixes.FIXES`: "nms", "dynamic_output_shapes") to measure: every
-    row runs again with them applied ("eager bf16 with nms"), timed beside it, and the graph breaks are read again
-    with them, per dtype, after a reset of Dynamo's caches (other compiled functions in the process compile again on
-    their next call; a note says so)."""
+    `with_` names our fixes (`fullgraph.diagnose.fixes.FIXES`: "nms", "roi_align", "dynamic_output_shapes") to
+    measure: every row runs again with them applied ("eager bf16 with nms"), timed beside it, and the graph breaks
+    are read again with them, per dtype, after a reset of Dynamo's caches (other compiled functions in the process
+    compile again on their next call; a note says so)."""
     with_ = fixes.check_with(with_)
     start = time.monotonic()
     deadline = start + budget if budget else None

@@ -6,6 +6,9 @@ run, offered with the code that applies them, and applied to rows on request (`f
   detection code calls its own. Offered for a break inside torchvision's NMS (its output size depends on the data)
   and for a row that fails in torchvision's kernel (`"nms_kernel" not implemented for 'BFloat16'`: ours runs in
   bf16). Ours keeps the work in the graph, but its last step (`order[keep]`) still has a data-dependent size.
+- `roi_align`: `fullgraph.models.upcast_torchvision_roi_align()` pools bf16 inputs of torchvision's RoI Align in
+  float32 and casts the result back. Offered for a row that fails in torchvision's kernel
+  (`"roi_align_forward_kernel" not implemented for 'BFloat16'`: Faster/Mask/Keypoint R-CNN's box and mask heads).
 - `dynamic_output_shapes`: `torch._dynamo.config.capture_dynamic_output_shape_ops=True` (scoped), which keeps that
   last step (and torchvision's own NMS op) in the graph as an output of unbacked size. It is torch's switch, not
   ours, and it changes how every data-dependent shape of the model is compiled (and disables CUDA graphs for
@@ -30,6 +33,7 @@ from fullgraph._paths import display_path
 from fullgraph.diagnose.schema import ConfigResult, FixOffer, GraphBreak
 from fullgraph.errors import UsageError
 from fullgraph.models.nms import replace_torchvision_nms
+from fullgraph.models.roi_align import upcast_torchvision_roi_align
 
 # A frame of torchvision's NMS (the Python wrappers around its `torchvision::nms` op) or of ours.
 _TORCHVISION_NMS = r"torchvision[\\/]ops[\\/]boxes\.py:(nms|batched_nms|_batched_nms_\w+)$"
@@ -45,7 +49,7 @@ class Fix:
     what: str  # what applying it does, one line
     enter: str  # the context manager a user writes around the call (the code offered)
     context: Callable[[], contextlib.AbstractContextManager]  # the same, as the doctor enters it around a row
-    frames: str  # a break is offered this fix when a frame of its stack ("file:function") matches
+    frames: str  # a break is offered this fix when a frame of its stack ("file:function") matches ("" never)
     reasons: str = ""  # ... and its reason matches this ("" any)
     failures: str = ""  # a row's error offered this fix ("" none)
     needs: str = ""  # a module that must import for the fix to apply
@@ -62,6 +66,15 @@ FIXES = {
             frames=_TORCHVISION_NMS,
             failures=r'"nms_kernel" not implemented for',
             needs="torchvision.ops.boxes",
+        ),
+        Fix(
+            "roi_align",
+            "torchvision's roi_align run in float32 for bf16 inputs (its kernels have no bf16), the result cast back",
+            "fullgraph.models.upcast_torchvision_roi_align()",
+            upcast_torchvision_roi_align,
+            frames="",
+            failures=r'"roi_align_forward_kernel" not implemented for',
+            needs="torchvision.ops.roi_align",
         ),
         Fix(
             "dynamic_output_shapes",
@@ -116,7 +129,9 @@ def for_break(frames: Sequence[str], reason: str) -> list[str]:
     return [
         n
         for n, f in FIXES.items()
-        if any(re.search(f.frames, fr) for fr in frames) and (not f.reasons or re.search(f.reasons, reason))
+        if f.frames
+        and any(re.search(f.frames, fr) for fr in frames)
+        and (not f.reasons or re.search(f.reasons, reason))
     ]
 
 
@@ -143,16 +158,18 @@ def for_failure(error: str) -> list[str]:
 
 
 def offers(breaks: Sequence[GraphBreak], configs: Sequence[ConfigResult], failures: Sequence[str]) -> list[FixOffer]:
-    """Our fixes for this report: each with what it was offered for (break places, rows as written that failed, and
-    `failures`, such as a Dynamo run that failed), in the order of FIXES."""
+    """Our fixes for this report: each with what it was offered for (break places, rows that failed, and `failures`,
+    such as a Dynamo run that failed), in the order of FIXES. A row run with fixes offers only the others: with `nms`,
+    Faster R-CNN's bf16 row gets past NMS and fails in roi_align."""
     why: dict[str, list[str]] = {n: [] for n in FIXES}
     for g in breaks:
         for n in g.fixes:
             why[n].append(f"graph break at {display_path(g.file)}:{g.line} in {g.function}")
-    failed = [f"{c.name} failed: {c.error}" for c in configs if c.error and not c.fixes]
-    for text in [*failed, *failures]:
+    failed = [(f"{c.name} failed: {c.error}", c.fixes) for c in configs if c.error]  # a row with fixes can fail
+    for text, tried in [*failed, *((f, []) for f in failures)]:  # further on, where another fix is needed
         for n in for_failure(text):
-            why[n].append(text)
+            if n not in tried:
+                why[n].append(text)
     return [FixOffer(n, FIXES[n].what, code([n]), list(dict.fromkeys(why[n]))) for n in FIXES if why[n]]
 
 

@@ -6,6 +6,7 @@ from fullgraph.models.dit import DiT, DiTConfig, PlainDiT, dit
 from fullgraph.models.nms import BatchedNMS, NMSOutput, batched_nms, nms, replace_torchvision_nms
 from fullgraph.models.robot import CONFIGS as ROBOT_CONFIGS
 from fullgraph.models.robot import RobotConfig, RobotModel, dynamic_spec, recommended_plan, robot, robot_tiny
+from fullgraph.models.roi_align import upcast_torchvision_roi_align
 from fullgraph.models.vit import CONFIGS as VIT_CONFIGS
 from fullgraph.models.vit import (
     AutoDrivingViT,
@@ -43,6 +44,7 @@ __all__ = [
     "replace_torchvision_nms",
     "robot",
     "robot_tiny",
+    "upcast_torchvision_roi_align",
     "vit_b16",
     "vit_l16",
     "vit_small",

@@ -27,7 +27,6 @@ and `replace_torchvision_nms()` makes torchvision's detection models call it wit
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -35,6 +34,7 @@ import torch
 from torch._higher_order_ops import while_loop
 
 from fullgraph.errors import UsageError
+from fullgraph.models._torchvision import swapped
 
 
 class NMSOutput(NamedTuple):
@@ -237,17 +237,5 @@ def replace_torchvision_nms() -> Iterator[None]:
     change is process-wide while the block runs. Under `torch.compile`, Dynamo guards on the name, so a model compiled
     inside the block recompiles outside it. See `batched_nms` for graph breaks and memory.
     """
-    try:
-        import torchvision.ops.boxes as box_ops
-    except ImportError as e:
-        raise UsageError("replace_torchvision_nms() needs torchvision: pip install torchvision") from e
-    original = box_ops.batched_nms
-    loaded = [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "torchvision" and m is not None]
-    holders = [m for m in loaded if getattr(m, "batched_nms", None) is original]
-    for module in holders:
-        module.batched_nms = batched_nms
-    try:
+    with swapped("torchvision.ops.boxes", "batched_nms", lambda _original: batched_nms, "replace_torchvision_nms"):
         yield
-    finally:
-        for module in holders:
-            module.batched_nms = original
