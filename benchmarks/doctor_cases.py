@@ -76,6 +76,8 @@ def torchvision_detector(name: str):
         from torchvision.models import detection
 
         model = getattr(detection, name)(weights=None, weights_backbone=None).eval()
+        if name.startswith("retinanet"):  # its prior (bias -4.6: every score ~0.01, under the 0.05 threshold) would
+            torch.nn.init.zeros_(model.head.classification_head.cls_logits.bias)  # leave nothing to compare
         return model, ([torch.rand(3, h, w) for h, w in ((480, 640), (512, 384), (600, 800))],), {}
 
     return build

@@ -11,8 +11,9 @@ from tests.skips import requires_cuda
 def test_cpu_ceilings_are_consistent():
     c = ceilings.measure_ceilings("cpu", copy_bytes=8 << 20, gemm_n=256, reps=5)
     assert c.device == "cpu" and c.copy_timing.method == "cpu-clock"
-    assert c.copy_tbps == pytest.approx(tbps(2 * c.copy_bytes, c.copy_timing.median_ms))
-    assert c.gemm_tflops == pytest.approx(tflops(gemm_flops(256, 256, 256), c.gemm_timing.median_ms))
+    assert c.copy_tbps == pytest.approx(tbps(2 * c.copy_bytes, c.copy_timing.min_ms))  # the best, as ceilings_for's
+    assert c.gemm_tflops == pytest.approx(tflops(gemm_flops(256, 256, 256), c.gemm_timing.min_ms))
+    assert c.copy_timing.min_ms <= c.copy_timing.median_ms
     assert 0 < c.copy_tbps < 1.0 and 0 < c.gemm_tflops < 100  # a 2-core CPU is far from a GPU's figures
 
 
