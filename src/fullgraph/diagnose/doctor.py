@@ -80,12 +80,18 @@ def _in_dtype(model: Any, dtype: torch.dtype | None) -> Any:
 
 def _capture_with(model: Any, example: Example, dtypes: Sequence[torch.dtype], names: Sequence[str]) -> list:
     """Graph breaks read again with our fixes `names` applied, once per dtype the rows run in (a fix may be what
-    lets a dtype run at all: torchvision's NMS kernel has no bf16)."""
+    lets a dtype run at all: torchvision's NMS kernel has no bf16). Each dtype is read as explain reads it in a fresh
+    process: after a reset of Dynamo's caches (a frame that reached torch's recompile limit in an earlier capture
+    runs eagerly from then on) and on its own copy of `model` as given (torchvision's poolers set state through a
+    break on their first call): the bf16 capture after the fp32 one read 15 breaks on Faster R-CNN, explain 21."""
     out = []
-    for dtype in dtypes:
+    for i, dtype in enumerate(dtypes):
+        torch._dynamo.reset()
+        last = i == len(dtypes) - 1
+        m = copy.deepcopy(model) if isinstance(model, nn.Module) and not last else model
         try:
             with fixes.applied(names):
-                rec, _ = dynamo.capture_breaks(_in_dtype(model, dtype), example.cast(dtype).fresh())
+                rec, _ = dynamo.capture_breaks(_in_dtype(m, dtype), example.cast(dtype).fresh())
             out.append(FixCapture(cfg.short_dtype(dtype), len(rec.graphs), dynamo.group_breaks(rec.breaks)))
         except Exception as e:  # as without the fixes: a model Dynamo cannot run is a finding
             out.append(FixCapture(cfg.short_dtype(dtype), error=env.first_line(e, 300)))
@@ -180,9 +186,9 @@ def doctor(
             # The capture above left its frames in Dynamo's caches: a frame that reached torch's recompile limit there
             # runs eagerly from then on, and its graphs never reach a second recorder (torchvision's detectors: 18
             # graphs with our NMS where explain, after its reset, sees 22; tests/diagnose/test_surfaces.py). Read the
-            # breaks with the fixes as explain does: after a reset, under the same limit.
+            # breaks with the fixes as explain does: after a reset (one per dtype, _capture_with), under the same
+            # limit.
             say(f"graph breaks with {'+'.join(with_)}: resetting Dynamo, compiling again")
-            torch._dynamo.reset()
             notes.append(f"--with {','.join(with_)}: Dynamo's caches were reset to read the breaks with the fixes as "
                          "a fresh process would; other compiled functions in this process compile again")  # fmt: skip
             applied_breaks = _capture_with(fresh, example, dtypes, with_)
