@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.diagnose import configs as cfg
 from fullgraph.diagnose import doctor as doc
 from fullgraph.diagnose.configs import NOISY_P80_P20
@@ -135,23 +136,52 @@ def test_budget_skips_the_slowest_and_says_so():
 
 
 class Slow(torch.nn.Module):
-    """0.1 s a call: the profile of its eager row (8 calls under the profiler, about 1.6 s) outlasts a 4 s budget
-    once its rows are timed (5 rounds x 4 calls, 2 s)."""
+    """`seconds` a call."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float) -> None:
         super().__init__()
-        self.lin = torch.nn.Linear(8, 8)
+        self.lin, self.seconds = torch.nn.Linear(8, 8), seconds
 
     def forward(self, x):
-        time.sleep(0.1)
+        time.sleep(self.seconds)
         return self.lin(x)
 
 
 def test_profiling_that_would_outlast_the_budget_is_not_started():
-    r = doc.doctor(Slow(), (torch.randn(2, 8),), modes=["eager"], budget=4.0, reps=15)
+    # 0.5 s a call: under a budget the profile is one warm-up and one profiled call at twice its time (1.5 s), more
+    # than the timing leaves of a 4 s budget.
+    r = doc.doctor(Slow(0.5), (torch.randn(2, 8),), modes=["eager"], budget=4.0, reps=15)
     assert r.breakdowns == []
     assert any("ran out before where the time goes (profiling, about 2 s)" in n for n in r.notes), r.notes
     assert [c.name for c in r.configs if c.median_ms] == ["eager fp32"]
+
+
+def test_under_a_budget_one_call_is_profiled_and_said():
+    r = doc.doctor(Slow(0.05), (torch.randn(2, 8),), modes=["eager"], budget=8.0, reps=5)
+    (bd,) = r.breakdowns
+    assert bd.calls == doc.PROFILE_BUDGETED[1] == 1
+    assert any("the breakdown profiled 1 call (a run without --budget profiles 5)" in n for n in r.notes), r.notes
+    unbudgeted = doc.doctor(Slow(0.0), (torch.randn(2, 8),), modes=["eager"], reps=5)
+    assert [b.calls for b in unbudgeted.breakdowns] == [doc.PROFILE_FULL[1]]
+
+
+def test_profile_cost_counts_the_calls_profile_breakdown_makes():
+    made = []
+    counts = (2, 3, 7)
+    profile_breakdown(lambda: made.append(1), device="cpu", label="x", ceilings={}, calls=3, warmup=2, timing_reps=7)
+    assert len(made) == counts[0] + counts[1]  # on the CPU: the warm-up and the profiled calls, no CUDA timing
+    assert doc.profile_cost(0.5, counts, gpu=False) == 0.5 * (2 + 2 * 3)
+    assert doc.profile_cost(0.5, counts, gpu=True) == 0.5 * (2 + 2 * 3 + 7 + 1)  # measure's warm-up and reps
+
+
+def test_a_breakdown_not_started_when_the_one_before_outlasts_the_time_left():
+    rows = [cfg.Candidate("eager", torch.float32), cfg.Candidate("default", torch.float32)]
+    for c in rows:
+        c.fn = lambda: time.sleep(0.2)
+    notes: list[str] = []
+    out = doc._profile(rows, None, torch.device("cpu"), notes, (1, 1, 1), time.monotonic() + 0.5)
+    assert [b.label for b in out] == ["eager fp32"]  # ~0.4 s, and 0.1 s left: the next would run past
+    assert notes and notes[0].startswith("the budget ran out before the breakdown of compile default fp32")
 
 
 BUSY = "import time\nt = time.time() + {s}\nwhile time.time() < t:\n    pass\n"

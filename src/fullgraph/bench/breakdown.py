@@ -320,16 +320,18 @@ def profile_breakdown(
     dtype: torch.dtype | None = None,
     model: torch.nn.Module | None = None,
     cuda_graphs: bool = False,
+    timing_reps: int = TIMING_REPS,
 ) -> Breakdown:
     """Warm `fn` up, profile `calls` steady-state calls and say where the time goes, per call.
 
     `fn` runs as given (wrap it in `torch.no_grad()` for inference). `dtype` picks the GEMM ceiling (default: the
     model's parameters', else bf16); `model` lets patch-embedding convolutions be found by their modules;
     `ceilings` (e.g. {"copy_tbps": 4.27, "gemm_tflops_bf16": 760}) skips `ceilings_for`; `cuda_graphs=True`
-    says the call already replays CUDA graphs, so low GPU occupancy is not blamed on launches.
+    says the call already replays CUDA graphs, so low GPU occupancy is not blamed on launches. On a GPU the call's
+    time comes from `timing_reps` calls timed by CUDA events, apart from the profiler.
     """
-    if calls < 1 or warmup < 0:
-        raise UsageError(f"need calls >= 1 and warmup >= 0 (got {calls}, {warmup})")
+    if calls < 1 or warmup < 0 or timing_reps < 1:
+        raise UsageError(f"need calls >= 1, warmup >= 0 and timing_reps >= 1 (got {calls}, {warmup}, {timing_reps})")
     device = resolve_device(device)
     gpu = device.type == "cuda"
     for _ in range(warmup):
@@ -351,7 +353,7 @@ def profile_breakdown(
     launches = events.gpu_launches() if gpu else events.cpu_launches()
     call_ms, idle, method = wall_ms, None, "cpu-clock, profiled"
     if gpu:
-        call_ms, method = measure(fn, device=device, warmup=1, reps=TIMING_REPS).median_ms, "cuda-events"
+        call_ms, method = measure(fn, device=device, warmup=1, reps=timing_reps).median_ms, "cuda-events"
         idle = max(0.0, 1.0 - _busy_us(launches) / calls / 1e3 / call_ms)
         dtype = dtype or torch.bfloat16
     ceilings = ceilings_for(device, dtype) if ceilings is None else ceilings

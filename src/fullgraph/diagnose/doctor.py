@@ -49,24 +49,49 @@ def _variants(example: Example, vary: Sequence[str], notes: list[str]) -> list[t
     return out
 
 
-PROFILE_CALLS = 8  # profile_breakdown's warm-up and profiled calls, by default
+# How a row is profiled: (warm-up calls, profiled calls, CUDA-event timing calls). Under --budget one call is
+# profiled: reading the trace costs more than the calls (torchvision's SSDlite, whose eager postprocess loops over
+# 91 classes per image: ~56 s for five profiled calls on an H100 where a call takes a fraction of a second).
+PROFILE_FULL = (3, 5, 20)
+PROFILE_BUDGETED = (1, 1, 5)
+
+
+def profile_cost(call_s: float, counts: tuple[int, int, int], gpu: bool) -> float:
+    """Seconds a row's profile is expected to take, from one call's seconds: the warm-up, the profiled calls at
+    about twice their time, and the timed calls on a GPU; reading the trace is not in it (it is measured as the
+    rows are profiled, `_profile`)."""
+    warmup, calls, reps = counts
+    return call_s * (warmup + 2 * calls + ((reps + 1) if gpu else 0))
 
 
 def _profile(
-    cands: Sequence[cfg.Candidate], names: Sequence[str], model: Any, device: torch.device, notes: list[str]
+    rows: Sequence[cfg.Candidate],
+    model: Any,
+    device: torch.device,
+    notes: list[str],
+    counts: tuple[int, int, int],
+    deadline: float | None,
 ) -> list[Breakdown]:
-    out = []
-    for c in (c for c in cands if c.name in names and c.fn is not None and c.error is None):
+    """The breakdown of each of `rows`, in order; a row is not started when the one before it took longer than
+    the time left (the trace's reading is most of a profile's cost and only measured by doing it)."""
+    out, last_s = [], 0.0
+    for i, c in enumerate(rows):
+        if deadline is not None and i and time.monotonic() + last_s > deadline:
+            notes.append(f"the budget ran out before the breakdown of {', '.join(r.name for r in rows[i:])} (the "
+                         f"one before it took {last_s:.0f} s)")  # fmt: skip
+            break
+        start = time.monotonic()
         try:
             ceilings = ceilings_for(device, c.dtype)
             module = model if isinstance(model, nn.Module) else None
             graphs = cfg.mode_of(c.mode) in ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
-            bd = profile_breakdown(
-                c.fn, device=device, label=c.name, ceilings=ceilings, dtype=c.dtype, model=module, cuda_graphs=graphs
-            )
+            warmup, calls, reps = counts
+            bd = profile_breakdown(c.fn, device=device, label=c.name, ceilings=ceilings, dtype=c.dtype, model=module,
+                                   cuda_graphs=graphs, calls=calls, warmup=warmup, timing_reps=reps)  # fmt: skip
             out.append(bd)
         except Exception as e:  # the breakdown is advice; its failure must not cost the report
             notes.append(f"breakdown of {c.name}: {env.first_line(e, 200)}")
+        last_s = time.monotonic() - start
     return out
 
 
@@ -236,9 +261,11 @@ def doctor(
         breakdowns: list[Breakdown] = []
         names = [c.name for c in configs if c.mode == "eager" and c.median_ms][:1]
         names += [rec_.config] if rec_ and rec_.config not in names else []
-        # each profiled row: PROFILE_CALLS calls under the profiler (about twice a call's time), then the trace read
-        cost = sum(c.call_s or 0.0 for c in cands if c.name in names) * PROFILE_CALLS * 2
-        if profile and deadline is not None and time.monotonic() + cost >= deadline:
+        rows = [c for n in names for c in cands if c.name == n and c.fn is not None and c.error is None]
+        counts = PROFILE_FULL if deadline is None else PROFILE_BUDGETED
+        first = profile_cost(rows[0].call_s or 0.0, counts, gpu) if rows else 0.0
+        cost = first + sum(profile_cost(c.call_s or 0.0, counts, gpu) for c in rows[1:])
+        if profile and deadline is not None and time.monotonic() + first >= deadline:
             notes.append(
                 f"--budget {budget:g} s ran out before where the time goes (profiling"
                 + (f", about {cost:.0f} s" if cost >= 1 else "")
@@ -246,7 +273,10 @@ def doctor(
             )
         elif profile:
             say(f"where the time goes: profiling {', '.join(names)}")
-            breakdowns = _profile(cands, names, model, device, notes)
+            breakdowns = _profile(rows, model, device, notes, counts, deadline)
+            if deadline is not None and breakdowns:
+                notes.append(f"--budget: the breakdown profiled {counts[1]} call (a run without --budget profiles "
+                             f"{PROFILE_FULL[1]})")  # fmt: skip
     if not gpu:
         notes.append("CPU run: reduce-overhead and max-autotune need CUDA graphs / GPU autotuning; run on a GPU")
     report = Report(
