@@ -75,6 +75,8 @@ def _profile(
     """The breakdown of each of `rows`, in order; a row is not started when the one before it took longer than
     the time left (the trace's reading is most of a profile's cost and only measured by doing it)."""
     out, last_s = [], 0.0
+    warmup, calls, reps = counts
+    module = model if isinstance(model, nn.Module) else None
     for i, c in enumerate(rows):
         if deadline is not None and i and time.monotonic() + last_s > deadline:
             notes.append(f"the budget ran out before the breakdown of {', '.join(r.name for r in rows[i:])} (the "
@@ -83,9 +85,7 @@ def _profile(
         start = time.monotonic()
         try:
             ceilings = ceilings_for(device, c.dtype)
-            module = model if isinstance(model, nn.Module) else None
             graphs = cfg.mode_of(c.mode) in ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
-            warmup, calls, reps = counts
             bd = profile_breakdown(c.fn, device=device, label=c.name, ceilings=ceilings, dtype=c.dtype, model=module,
                                    cuda_graphs=graphs, calls=calls, warmup=warmup, timing_reps=reps)  # fmt: skip
             out.append(bd)

@@ -27,7 +27,6 @@ and `replace_torchvision_nms()` makes torchvision's detection models call it wit
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -226,8 +225,7 @@ def _settle(suppresses: torch.Tensor) -> torch.Tensor:
         keep = nxt
 
 
-@contextlib.contextmanager
-def replace_torchvision_nms() -> Iterator[None]:
+def replace_torchvision_nms() -> contextlib.AbstractContextManager[None]:
     """Within the block, torchvision's detection models (Faster/Mask/Keypoint R-CNN's RPN and box heads, RetinaNet,
     FCOS, SSD) and `torchvision.ops.batched_nms` run this module's `batched_nms`; the originals return on exit.
 
@@ -237,5 +235,4 @@ def replace_torchvision_nms() -> Iterator[None]:
     change is process-wide while the block runs. Under `torch.compile`, Dynamo guards on the name, so a model compiled
     inside the block recompiles outside it. See `batched_nms` for graph breaks and memory.
     """
-    with swapped("torchvision.ops.boxes", "batched_nms", lambda _original: batched_nms, "replace_torchvision_nms"):
-        yield
+    return swapped("torchvision.ops.boxes", "batched_nms", lambda _original: batched_nms, "replace_torchvision_nms")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -33,13 +33,11 @@ def upcasting(roi_align: Callable) -> Callable:
     return upcast
 
 
-@contextlib.contextmanager
-def upcast_torchvision_roi_align() -> Iterator[None]:
+def upcast_torchvision_roi_align() -> contextlib.AbstractContextManager[None]:
     """Within the block, torchvision's `roi_align` (as its poolers, Mask R-CNN's mask targets and
     `torchvision.ops.roi_align` call it) pools bf16 inputs in float32 and returns bf16; the original returns on exit.
     Under `torch.compile`, Dynamo guards on the name, so a model compiled inside the block recompiles outside it."""
-    with swapped("torchvision.ops.roi_align", "roi_align", upcasting, "upcast_torchvision_roi_align"):
-        yield
+    return swapped("torchvision.ops.roi_align", "roi_align", upcasting, "upcast_torchvision_roi_align")
 
 
 __all__ = ["upcast_torchvision_roi_align", "upcasting"]
