@@ -3,7 +3,7 @@
 from fullgraph._version import __version__
 from fullgraph.errors import FullgraphError, UsageError
 
-__all__ = ["FullgraphError", "UsageError", "__version__", "compile", "doctor", "export", "load"]
+__all__ = ["FullgraphError", "UsageError", "__version__", "compile", "doctor", "export", "load", "trusted_guards"]
 
 
 def __getattr__(name):
@@ -38,3 +38,12 @@ def doctor(model, args=(), kwargs=None, **options):
     from fullgraph.diagnose.doctor import doctor as run
 
     return run(model, args, kwargs, **options)
+
+
+def trusted_guards(entries):
+    """A `guard_filter_fn` for plain `torch.compile(model, options={"guard_filter_fn": fullgraph.trusted_guards})`
+    of a model built from fullgraph's ops: Dynamo stops checking, on every call, that fullgraph's own functions and
+    modules are still the same objects (`fullgraph.compile` does this itself); see fullgraph.compile.guards."""
+    from fullgraph.compile.guards import trusted_code
+
+    return trusted_code(entries)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fullgraph.compile import guards
 from fullgraph.compile.presets import MODES, Preset, get_preset
 from fullgraph.errors import UsageError
 
@@ -35,6 +36,7 @@ NOT_REGISTERED = {
 }
 # Dynamo renamed cache_size_limit to recompile_limit (torch 2.6); presets say the new name.
 DYNAMO_ALIASES = {"recompile_limit": "cache_size_limit"}
+GUARD_FILTER = "guard_filter_fn"  # torch.compile takes it from `options` (compile/guards.py)
 
 
 class DynamoConfig:
@@ -110,6 +112,10 @@ class Resolved:
         kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
         if self.backend == "inductor":
             kwargs["options"] = {**self.options, **(self.rewrites or {})}
+            if guards.supported():  # no per-call check of the identity guards on our own code (compile/guards.py)
+                own = kwargs["options"].get(GUARD_FILTER)
+                ours = guards.trusted_code
+                kwargs["options"][GUARD_FILTER] = ours if own is None else guards.both(own, ours)
         return kwargs
 
 
@@ -148,6 +154,10 @@ def check_backend(backend: str) -> None:
 def check_options(options: Mapping[str, Any]) -> None:
     known = inductor_options()
     for key in options:
+        if key == GUARD_FILTER:  # torch.compile's own, not Inductor's: it takes it from the same options
+            if not callable(options[key]):
+                raise UsageError(f"option {GUARD_FILTER} must be a function of the guard entries, got {options[key]!r}")
+            continue
         if key not in known:
             raise UsageError(f"Inductor has no option {key!r}{_suggest(key, known)}")
 

@@ -52,6 +52,20 @@ def extra_policies(spec: str | None) -> dict[str, str]:
     return out
 
 
+def compile_twin(model: torch.nn.Module, mode: str | None = None, **kwargs) -> Callable:
+    """`torch.compile(model, mode=mode, **kwargs)` as the twin suites (`dit`, `vit`, the sweep) compile both twins:
+    with `fullgraph.trusted_guards` as its guard filter (what `fullgraph.compile` applies, and what docs/ops.md tells
+    a user of plain torch.compile on a model built from our ops to pass), so Dynamo does not check the identity of
+    fullgraph's own functions on every call. The plain twin gets the same call (it changes nothing there but for
+    the plain DiT's own few functions, also ours)."""
+    from fullgraph.compile.guards import supported, trusted_code
+    from fullgraph.compile.options import mode_options
+
+    if not supported():
+        return torch.compile(model, mode=mode, **kwargs)
+    return torch.compile(model, options={**mode_options(mode), "guard_filter_fn": trusted_code}, **kwargs)
+
+
 @functools.cache
 def _parsed(spec: str) -> dict:
     return parse_spec(spec)

@@ -28,6 +28,7 @@ from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows
 from fullgraph.bench.suites import (
     DTYPES,
+    compile_twin,
     extra_policies,
     parse_sizes,
     policy_context,
@@ -100,11 +101,11 @@ def run(args) -> tuple[list[Result], str]:
     mode = compile_mode(args)
     # dynamic=False: each token count is its own static graph, as a model compiled for one resolution runs; without
     # it the second count recompiles every variant with the token dimension symbolic (automatic dynamic shapes)
-    ours_c = torch.compile(ours, fullgraph=True, dynamic=False, mode=mode)
-    plain_c = torch.compile(plain, fullgraph=True, dynamic=False, mode=mode)
+    ours_c = compile_twin(ours, mode, fullgraph=True, dynamic=False)
+    plain_c = compile_twin(plain, mode, fullgraph=True, dynamic=False)
     twin = PlainDiT(cfg).eval().to(device, dtype)  # a second instance of the same weights: the noise floor
     twin.load_state_dict(plain.state_dict())
-    twin_c = torch.compile(twin, fullgraph=True, dynamic=False, mode=mode)
+    twin_c = compile_twin(twin, mode, fullgraph=True, dynamic=False)
     extra = extra_policies(getattr(args, "policies", None))
     base = getattr(args, "base", None)  # the POLICIES kept (a sweep keeps what its decisions and verdicts read)
     kept = {label: spec for label, spec in POLICIES.items() if base is None or label in base}

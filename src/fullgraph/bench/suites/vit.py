@@ -31,6 +31,7 @@ from fullgraph.bench.breakdown import profile_breakdown
 from fullgraph.bench.results import Result, make_rows, measurement_metrics
 from fullgraph.bench.suites import (
     DTYPES,
+    compile_twin,
     extra_policies,
     parse_sizes,
     policy_context,
@@ -225,9 +226,9 @@ def twins(args) -> tuple[list[Result], str]:
     short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     mode = _mode(modes[0])
     torch._dynamo.reset()
-    compiled = {name: torch.compile(_copy_to(ref, device, dtype), mode=mode)
+    compiled = {name: compile_twin(_copy_to(ref, device, dtype), mode)
                 for name in ("plain, compiled", "plain again (second instance), compiled")}  # fmt: skip
-    ours_c = torch.compile(ours.to(device, dtype), mode=mode)
+    ours_c = compile_twin(ours.to(device, dtype), mode)
     variants = {**{name: (fn, None) for name, fn in compiled.items()},
                 **{name: (ours_c, spec) for name, spec in TWIN_POLICIES.items()}}  # fmt: skip
     rows: list[Result] = []
