@@ -77,4 +77,7 @@ def supported() -> bool:
     """Does this torch take `options={"guard_filter_fn": ...}`?"""
     import torch._dynamo
 
-    return "guard_filter_fn" in inspect.signature(torch._dynamo.optimize).parameters
+    # torch.compiler's own filters came with the option (2.8); the signature says it where optimize is a function
+    return hasattr(torch.compiler, "skip_guard_on_globals_unsafe") or (
+        "guard_filter_fn" in inspect.signature(torch._dynamo.optimize).parameters
+    )
