@@ -51,6 +51,7 @@ def test_identity_guards_on_our_code_go_and_state_stays():
         entry("G['my_helper']", "CLOSURE_MATCH", value=test_identity_guards_on_our_code_go_and_state_stays),
         entry("L['self']._modules['fc']._parameters['weight']", "TENSOR_MATCH"),
         entry("G['scale']", "CONSTANT_MATCH", value=2),
+        entry("L['self'].act", "ID_MATCH", value=ops.direct.usable),  # an attribute holding ours: a model may swap it
     ]
     assert guards.trusted_code(dropped) == [False] * len(dropped)
     assert guards.trusted_code(kept) == [True] * len(kept)

@@ -13,7 +13,9 @@ sweep's default-mode losses at its host-bound points (issue 32).
 drops those identity guards only:
   - guards whose source is one of fullgraph's modules (`G['__import_fullgraph_dot_...']`) and whose kind checks an
     identity (code object, function, module, class, the aliasing of two names of one module) or a default argument;
-  - identity guards on a value that is a fullgraph function, class or module, whatever name reached it.
+  - identity guards on a global name (a module-level name of the traced code) whose value is a fullgraph function,
+    class or module. An attribute that holds one of ours (`self.act = fullgraph.ops.gelu`) keeps its guard: a
+    model may swap it.
 It keeps every guard on state: the op policies (`ops.policies`: a policy change recompiles), tensors, shapes,
 nn.Module attributes, global torch state, and anything of a user's. `fullgraph.compile` applies it (with the
 user's own filter, if the options name one: a guard is kept only if both keep it); a user of plain `torch.compile`
@@ -51,7 +53,7 @@ def keeps(entry: Any) -> bool:
         return True
     if _ROOT in name:
         return not (entry.guard_type in IDENTITY or ".__defaults__" in name)
-    if entry.guard_type in IDENTITY and entry.has_value:
+    if entry.guard_type in IDENTITY and entry.has_value and name.startswith("G["):  # a global name, not an attribute
         value = entry.value
         if _ours(value) or (isinstance(value, types.CodeType) and value.co_filename.find("/fullgraph/") >= 0):
             return False
