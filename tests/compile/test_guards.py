@@ -91,6 +91,33 @@ def test_a_compiled_dit_drops_our_identity_guards_and_still_recompiles_on_a_poli
     assert counters["stats"]["unique_graphs"] >= 1
 
 
+def test_fullgraph_compile_applies_it():
+    """A replaced function of our dispatch (same behaviour, another code object) recompiles under plain
+    torch.compile, and not under fullgraph.compile, which no longer checks our code's identity."""
+    assert guards.supported()
+    torch.manual_seed(0)
+    model = dit("dit_s", **SMALL).eval()
+    x, c = torch.randn(2, 8, 64), torch.randn(2, 64)
+    original = ops.direct.version
+
+    def version():
+        return original()
+
+    graphs = {}
+    for name, compiled in (("plain", torch.compile(model)), ("fullgraph", fullgraph.compile(model, "dev"))):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            compiled(x, c)
+            counters.clear()
+            ops.direct.version = version
+            try:
+                compiled(x, c)
+            finally:
+                ops.direct.version = original
+        graphs[name] = counters["stats"]["unique_graphs"]
+    assert graphs == {"plain": 1, "fullgraph": 0}
+
+
 class Scaled(nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from fullgraph.compile.guards import trusted_code
 from fullgraph.compile.options import NOT_REGISTERED, mode_options, resolve
 from fullgraph.compile.presets import Preset
 from fullgraph.errors import UsageError
@@ -13,7 +14,9 @@ def test_edge_combines_the_mode_its_options_and_the_users():
     assert r.options["freezing"] is True and r.options["cpp_wrapper"] is True  # the preset's
     assert r.options["epilogue_fusion"] is False  # the user's
     kwargs = r.compile_kwargs()
-    assert "mode" not in kwargs and kwargs["options"] == r.options and kwargs["backend"] == "inductor"
+    assert "mode" not in kwargs and kwargs["backend"] == "inductor"
+    # torch.compile's guard filter travels in the same options (compile/guards.py)
+    assert kwargs["options"] == {**r.options, "guard_filter_fn": trusted_code}
 
 
 def test_a_user_option_overrides_the_presets():

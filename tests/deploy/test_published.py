@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fullgraph
+from fullgraph.compile.guards import trusted_code
 from fullgraph.deploy import published
 from fullgraph.deploy.precompile import unsupported_reason
 from fullgraph.deploy.remote import client
@@ -141,6 +142,17 @@ def test_the_key_names_what_the_code_depends_on():
     assert base != published.artifact_key(model.double(), (x.double(),), preset="dev")
     with fullgraph.ops.policy(rms_norm="native"):
         assert base != published.artifact_key(model.float(), (x,), preset="dev")
+
+
+def test_the_key_is_the_same_in_another_process():
+    """The options carry functions (the guard filter): named by module and name, never by an id of this process."""
+    code = ("import torch; from fullgraph.deploy import published; from tests.deploy._models import Linears; "
+            "torch.manual_seed(0); "
+            "print(published.artifact_key(Linears().eval(), (torch.zeros(4, 8),), preset='dev'))")  # fmt: skip
+    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+            for _ in range(2)}  # fmt: skip
+    assert len(keys) == 1 and keys != {""}
+    assert "trusted_code" in json.dumps(published._options_text({"guard_filter_fn": trusted_code}))
 
 
 class OneToken(torch.nn.Module):

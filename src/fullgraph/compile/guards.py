@@ -71,7 +71,13 @@ def both(first: Callable[[Sequence[Any]], list[bool]], second: Callable[[Sequenc
     def keep_both(entries: Sequence[Any]) -> list[bool]:
         return [a and b for a, b in zip(first(entries), second(entries), strict=True)]
 
+    # a name that is the same in every process (a published graph's key reads it: deploy/published.py)
+    keep_both.__qualname__ = f"both({_name(first)}, {_name(second)})"
     return keep_both
+
+
+def _name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
 @functools.cache

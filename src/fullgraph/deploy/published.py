@@ -30,13 +30,14 @@ import os
 import platform
 import tempfile
 import threading
+import types
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from fullgraph.compile.options import resolve
+from fullgraph.compile.options import GUARD_FILTER, resolve
 from fullgraph.deploy._common import DeployError, environment, input_signature
 from fullgraph.deploy.precompile import load_precompiled_bytes, precompiled_bytes, save_precompiled
 from fullgraph.deploy.remote import (
@@ -62,11 +63,14 @@ class PublishedWarning(UserWarning):
 
 
 def _options_text(options: Mapping[str, Any]) -> dict[str, str]:
-    """Inductor options as text for the key: values that are objects (a custom pass) by their type and uuid."""
+    """Inductor options as text for the key: values that are objects (a custom pass) by their type and uuid, functions
+    (the guard filter) by their module and qualified name: the same in every process."""
     out = {}
     for k, v in sorted(options.items()):
         if isinstance(v, (bool, int, float, str, type(None))):
             out[k] = repr(v)
+        elif isinstance(v, types.FunctionType):
+            out[k] = f"{v.__module__}.{v.__qualname__}"
         else:
             uuid = getattr(v, "uuid", None)
             out[k] = f"{type(v).__qualname__}:{uuid() if callable(uuid) else id(v)}"
@@ -84,6 +88,15 @@ def _resolved(preset: str) -> Any:
                          recorder=Recorder())  # fmt: skip
 
 
+def _precompile_options(resolved: Any) -> dict[str, Any]:
+    """The torch.compile options a precompile takes: the preset's, without `fullgraph.compile`'s guard filter. A
+    precompile saves its guards, and torch's own filter for that (the guards it can serialize) applies only when no
+    filter is given: with ours, the save failed ("MODULE_MATCH guard cannot be serialized")."""
+    options = dict(resolved.compile_kwargs().get("options", {}))
+    options.pop(GUARD_FILTER, None)
+    return options
+
+
 def describe(model: torch.nn.Module, inputs: Sequence[Any], *, preset: str,
              dynamic: Mapping[str, Mapping[int, tuple[int, int]]] | None = None) -> dict[str, Any]:  # fmt: skip
     """What the published code depends on (module docstring), as JSON-able data: the rewrite pass by its identity
@@ -94,7 +107,7 @@ def describe(model: torch.nn.Module, inputs: Sequence[Any], *, preset: str,
         "parameters": [[n, list(t.shape), str(t.dtype)] for n, t in model.state_dict().items()],
         "preset": resolved.preset,
         "mode": resolved.mode,
-        "options": _options_text(resolved.compile_kwargs().get("options", {})),
+        "options": _options_text(_precompile_options(resolved)),
         "policies": dict(sorted(policies.snapshot().items())),
         "inputs": input_signature(tuple(inputs)),
         "dynamic": {k: {str(d): list(r) for d, r in v.items()} for k, v in (dynamic or {}).items()},
@@ -125,7 +138,7 @@ def publish(model: torch.nn.Module, inputs: Sequence[Any], url: str | None = Non
     name = artifact_key(model, inputs, preset=preset, dynamic=dynamic)
     with tempfile.TemporaryDirectory(prefix="fullgraph-publish-") as work:
         path = os.path.join(work, "model.fgpre")
-        save_precompiled(model, inputs, path, dynamic=dynamic, options=resolved.compile_kwargs().get("options", {}))
+        save_precompiled(model, inputs, path, dynamic=dynamic, options=_precompile_options(resolved))
         data = precompiled_bytes(path)
     entry = wrap(secret, name, data, environment())
     c = client(url, password, timeout)
