@@ -37,12 +37,13 @@ _STATE = ("fullgraph_dot_ops_dot_policies", "fullgraph.ops.policies")  # the op 
 
 
 def _ours(value: Any) -> bool:
-    """Is `value` a fullgraph module, or a function or class defined in one (something no call replaces)?"""
+    """Is `value` a fullgraph module, or a function, class or code object defined in one (nothing a call replaces)?"""
     if isinstance(value, types.ModuleType):
         return value.__name__.startswith("fullgraph.")
-    if isinstance(value, (types.FunctionType, types.CodeType, type)):
-        module = getattr(value, "__module__", None) or ""
-        return module.startswith("fullgraph.") if isinstance(value, (types.FunctionType, type)) else False
+    if isinstance(value, (types.FunctionType, type)):
+        return (getattr(value, "__module__", None) or "").startswith("fullgraph.")
+    if isinstance(value, types.CodeType):
+        return "/fullgraph/" in value.co_filename
     return False
 
 
@@ -54,9 +55,7 @@ def keeps(entry: Any) -> bool:
     if _ROOT in name:
         return not (entry.guard_type in IDENTITY or ".__defaults__" in name)
     if entry.guard_type in IDENTITY and entry.has_value and name.startswith("G["):  # a global name, not an attribute
-        value = entry.value
-        if _ours(value) or (isinstance(value, types.CodeType) and value.co_filename.find("/fullgraph/") >= 0):
-            return False
+        return not _ours(entry.value)
     return True
 
 
@@ -71,13 +70,7 @@ def both(first: Callable[[Sequence[Any]], list[bool]], second: Callable[[Sequenc
     def keep_both(entries: Sequence[Any]) -> list[bool]:
         return [a and b for a, b in zip(first(entries), second(entries), strict=True)]
 
-    # a name that is the same in every process (a published graph's key reads it: deploy/published.py)
-    keep_both.__qualname__ = f"both({_name(first)}, {_name(second)})"
     return keep_both
-
-
-def _name(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
 @functools.cache
