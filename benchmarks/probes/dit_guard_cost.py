@@ -11,12 +11,14 @@ Each variant is its own class (a copy of `forward`'s code object), so Dynamo kee
 all run in interleaved rounds (`timing.round_medians`, CUDA events around back-to-back calls).
 
 Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_guard_cost.py [--shape 1280x16:8:256] [--depth 4]
+[--dump-guards guards.json] (the guards each variant keeps: what ours checks beyond the plain twin)
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import statistics
 import types
 
@@ -40,11 +42,23 @@ def no_guards(entries) -> list[bool]:
     return [False] * len(entries)
 
 
+def recording(filt, kept: list):
+    """`filt` (None: keep every guard) that also appends what it keeps to `kept`: (guard type, source name)."""
+
+    def record(entries) -> list[bool]:
+        keep = filt(entries) if filt else [True] * len(entries)
+        kept.extend((e.guard_type, e.name) for e, k in zip(entries, keep, strict=True) if k)
+        return keep
+
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="1280x16:8:256", help="DIMxHEADS:BATCH:TOKENS")
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--dump-guards", metavar="FILE", help="write the guards each variant keeps (JSON)")
     args = parser.parse_args()
     dims, batch, tokens = args.shape.split(":")
     dim, heads = (int(v) for v in dims.split("x"))
@@ -61,16 +75,19 @@ def main() -> int:
     specs = {
         "plain": (D.PlainDiT, None),
         "plain again": (D.PlainDiT, None),
+        "plain, trusted_code": (D.PlainDiT, trusted_code),
         "ours": (D.DiT, None),
         "ours, trusted_code": (D.DiT, trusted_code),
         "ours, no guards": (D.DiT, no_guards),
     }
-    fns = {}
+    fns, kept = {}, {}
     with torch.no_grad():
         for i, (name, (base, filt)) in enumerate(specs.items()):
             m = fresh(base, f"v{i}", cfg)
             m.load_state_dict(src.state_dict())
             m = m.to(device, dtype)
+            if args.dump_guards:
+                filt = recording(filt, kept.setdefault(name, []))
             opts = {"options": {"guard_filter_fn": filt}} if filt else {}
             f = torch.compile(m, fullgraph=True, dynamic=False, **opts)
             f(x, c)
@@ -83,6 +100,10 @@ def main() -> int:
         m = statistics.median(ms)
         spread = f"{min(ms) * 1e3:.1f}-{max(ms) * 1e3:.1f}"
         print(f"  {name:30s} {m * 1e3:8.1f} us  plain / this {plain / m:.3f}  (rounds {spread})")
+    if args.dump_guards:
+        with open(args.dump_guards, "w") as f:
+            json.dump(kept, f, indent=0)
+        print("guards kept: " + ", ".join(f"{name} {len(g)}" for name, g in kept.items()) + f" ({args.dump_guards})")
     return 0
 
 

@@ -15,10 +15,17 @@ def reference(x, w, b, approximate):
     return F.gelu(F.linear(x.double(), w.double(), None if b is None else b.double()), approximate=approximate)
 
 
+def device_for(policy: str, request) -> str:
+    """Where a test of `policy` runs: policy kernel needs a device our kernels run on (a GPU, or the CPU under
+    TRITON_INTERPRET=1: `triton_device`); the native form runs on the CPU anywhere."""
+    return request.getfixturevalue("triton_device") if policy == "kernel" else "cpu"
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("policy", ["native", "kernel"])
-def test_matches_float64_on_odd_shapes(approximate, policy):
-    x, w, b = torch.randn(3, 5, 37), torch.randn(29, 37) / 6, torch.randn(29)
+def test_matches_float64_on_odd_shapes(approximate, policy, request):
+    device = device_for(policy, request)
+    x, w, b = (t.to(device) for t in (torch.randn(3, 5, 37), torch.randn(29, 37) / 6, torch.randn(29)))
     with ops.policy(linear_gelu=policy):
         out = linear_gelu(x, w, b, approximate)
     assert out.shape == (3, 5, 29)
@@ -59,10 +66,11 @@ def test_bad_inputs_name_the_problem():
 
 
 @pytest.mark.parametrize("policy", ["native", "kernel", "auto"])
-def test_compiles_without_a_break(policy):
+def test_compiles_without_a_break(policy, request):
     torch._dynamo.reset()
-    module = LinearGELU(32, 48)
-    x = torch.randn(2, 9, 32)
+    device = device_for(policy, request)
+    module = LinearGELU(32, 48).to(device)
+    x = torch.randn(2, 9, 32, device=device)
     with ops.policy(linear_gelu=policy), torch.no_grad():
         explained = torch._dynamo.explain(module)(x)
         out = torch.compile(module, fullgraph=True, backend="eager")(x)

@@ -75,15 +75,23 @@ def fullgraph_rope(
     stride_cos, stride_sin, q_eps, k_eps,
     SEQ_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, ALIGN: tl.constexpr, CS_ALIGN: tl.constexpr,
-    P_A: tl.constexpr, P_B: tl.constexpr, P_C: tl.constexpr, BLOCK_P: tl.constexpr,
+    P_A: tl.constexpr, P_B: tl.constexpr, P_C: tl.constexpr, BLOCK_P: tl.constexpr, TWO: tl.constexpr,
 ):  # fmt: skip
-    # program axis 1 picks the tensor, 0 = q, 1 = k (plain RoPE launches axis 1 of size 1, its x as q)
-    is_q = tl.program_id(1) == 0
-    X, W, Y = tl.where(is_q, Q, K), tl.where(is_q, QW, KW), tl.where(is_q, QY, KY)
-    n_rows, size1 = tl.where(is_q, q_rows, k_rows), tl.where(is_q, q_size1, k_size1)
-    size2, eps = tl.where(is_q, q_size2, k_size2), tl.where(is_q, q_eps, k_eps)
-    stride0, stride1 = tl.where(is_q, q_stride0, k_stride0), tl.where(is_q, q_stride1, k_stride1)
-    stride2 = tl.where(is_q, q_stride2, k_stride2)
+    # program axis 1 picks the tensor, 0 = q, 1 = k. Plain RoPE (TWO false) launches one tensor, its x as q, and its
+    # code never names K, KW or KY: the launcher passes q's tensors there, and a kernel that could store through KY
+    # as well as QY would, traced by torch.compile, have each output cloned apart (two clones of one tensor) and the
+    # result read from the clone the kernel never wrote.
+    if TWO:
+        is_q = tl.program_id(1) == 0
+        X, W, Y = tl.where(is_q, Q, K), tl.where(is_q, QW, KW), tl.where(is_q, QY, KY)
+        n_rows, size1 = tl.where(is_q, q_rows, k_rows), tl.where(is_q, q_size1, k_size1)
+        size2, eps = tl.where(is_q, q_size2, k_size2), tl.where(is_q, q_eps, k_eps)
+        stride0, stride1 = tl.where(is_q, q_stride0, k_stride0), tl.where(is_q, q_stride1, k_stride1)
+        stride2 = tl.where(is_q, q_stride2, k_stride2)
+    else:
+        X, W, Y = Q, QW, QY
+        n_rows, size1, size2, eps = q_rows, q_size1, q_size2, q_eps
+        stride0, stride1, stride2 = q_stride0, q_stride1, q_stride2
 
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = (rows < n_rows)[:, None]
