@@ -1,6 +1,7 @@
-"""What Dynamo's guards cost a host-bound DiT call in default mode: ours all native (the same Inductor code as the
-plain twin's, `results/dit_host_h100.txt`) against the plain twin, each compiled with all its guards, ours also with
-`fullgraph.trusted_guards` as its guard filter (`compile/guards.py`) and without any guard (the bound).
+"""What Dynamo's guards cost a host-bound DiT call in default mode: ours (`auto`, as the sweep's "ours auto"; with
+`--native` every op native, the same Inductor code as the plain twin's, `results/dit_host_h100.txt`) against the
+plain twin, each compiled with all its guards, with `fullgraph.trusted_guards` as its guard filter
+(`compile/guards.py`; the sweep compiles both twins so) and without any guard (the bound).
 
 On the CPU machine (torch 2.13, depth 4, dim 64: a call that is all host time) ours took 522 us against plain's 471;
 without the guards on fullgraph's modules 483, without any guard 421 against plain's 407: the guards that our ops'
@@ -17,6 +18,7 @@ Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_guard_cost.py [--shape
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import statistics
@@ -24,6 +26,7 @@ import types
 
 import torch
 
+from fullgraph import ops
 from fullgraph.compile.guards import trusted_code
 from fullgraph.timing import round_medians
 
@@ -58,6 +61,7 @@ def main() -> int:
     parser.add_argument("--shape", default="1280x16:8:256", help="DIMxHEADS:BATCH:TOKENS")
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--native", action="store_true", help="ours with every op native (default: auto)")
     parser.add_argument("--dump-guards", metavar="FILE", help="write the guards each variant keeps (JSON)")
     args = parser.parse_args()
     dims, batch, tokens = args.shape.split(":")
@@ -79,9 +83,11 @@ def main() -> int:
         "ours": (D.DiT, None),
         "ours, trusted_code": (D.DiT, trusted_code),
         "ours, no guards": (D.DiT, no_guards),
+        "plain, no guards": (D.PlainDiT, no_guards),
     }
     fns, kept = {}, {}
-    with torch.no_grad():
+    policy = ops.policy(all="native") if args.native else contextlib.nullcontext()
+    with torch.no_grad(), policy:
         for i, (name, (base, filt)) in enumerate(specs.items()):
             m = fresh(base, f"v{i}", cfg)
             m.load_state_dict(src.state_dict())
@@ -95,7 +101,8 @@ def main() -> int:
         medians = round_medians(fns, device=device, rounds=args.rounds, reps=50)
     plain = statistics.median(medians["plain"])
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
-          f"{args.shape} depth {args.depth}, default mode, {args.rounds} rounds")  # fmt: skip
+          f"{args.shape} depth {args.depth}, default mode, ours {'native' if args.native else 'auto'}, "
+          f"{args.rounds} rounds")  # fmt: skip
     for name, ms in medians.items():
         m = statistics.median(ms)
         spread = f"{min(ms) * 1e3:.1f}-{max(ms) * 1e3:.1f}"

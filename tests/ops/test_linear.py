@@ -21,6 +21,12 @@ def device_for(policy: str, request) -> str:
     return request.getfixturevalue("triton_device") if policy == "kernel" else "cpu"
 
 
+def fp32_tol(device: str) -> float:
+    """float32 against float64: 1e-6 on the CPU; a GPU's float32 tanh GELU measured 1.6e-6 and 2.7e-6 on an H100
+    (torch 2.11), so 5e-6 there, still 20x below the gap between the two GELU forms (checked below)."""
+    return 1e-6 if device == "cpu" else 5e-6
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("policy", ["native", "kernel"])
 def test_matches_float64_on_odd_shapes(approximate, policy, request):
@@ -29,10 +35,10 @@ def test_matches_float64_on_odd_shapes(approximate, policy, request):
     with ops.policy(linear_gelu=policy):
         out = linear_gelu(x, w, b, approximate)
     assert out.shape == (3, 5, 29)
-    assert rel_err(out, reference(x, w, b, approximate)) < 1e-6
+    assert rel_err(out, reference(x, w, b, approximate)) < fp32_tol(device)
     # the two GELU forms differ by far more than that, so a swapped approximation would fail here
     other = "tanh" if approximate == "none" else "none"
-    assert rel_err(out, reference(x, w, b, other)) > 1e-5
+    assert rel_err(out, reference(x, w, b, other)) > 1e-4
 
 
 def test_the_epilogue_applies_only_where_cublaslt_computes_the_same_function():
@@ -75,7 +81,7 @@ def test_compiles_without_a_break(policy, request):
         explained = torch._dynamo.explain(module)(x)
         out = torch.compile(module, fullgraph=True, backend="eager")(x)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
-    assert rel_err(out, reference(x, module.weight, module.bias, "tanh")) < 1e-6
+    assert rel_err(out, reference(x, module.weight, module.bias, "tanh")) < fp32_tol(device)
 
 
 @requires_cuda
