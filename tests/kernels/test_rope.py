@@ -234,3 +234,47 @@ def test_partial_rotary_at_head_dim_72(triton_device, monkeypatch, interleaved):
     assert_close(rope_fwd(x, cos, sin, interleaved, 2), rope_ref(x, cos, sin, interleaved, 2), torch.bfloat16)
     q_out, _ = qk_norm_rope_fwd(x, x, None, None, cos, sin, 1e-6, 1e-6, interleaved, 2)
     assert_close(q_out, qk_ref(x, None, 1e-6, cos, sin, interleaved, 2), torch.bfloat16)
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_no_two_outputs_the_kernel_may_write_are_one_tensor(triton_device, monkeypatch, two):
+    """torch.compile's functional form of a Triton kernel clones each output the kernel may write; two such slots
+    holding one tensor leave the op returning the clone the kernel never wrote (plain RoPE did so on the H100, where
+    the compiled result was garbage). One-tensor RoPE must not name k's output slot, and must not pass its own
+    output there."""
+    import fullgraph.kernels.rope as rope_module
+
+    launches = []
+    real = rope_module.launch
+
+    def recording(kernel):
+        launcher = real(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                def run(*args, **kwargs):
+                    launches.append((args, kwargs))
+                    return launcher[grid](*args, **kwargs)
+
+                return run
+
+        return Grid()
+
+    monkeypatch.setattr(rope_module, "launch", recording)
+    x = make_x(1, 2, 5, 64, "bnsd", triton_device)
+    cos, sin = make_tables(5, 64, triton_device)
+    if two:
+        w = torch.ones(64, device=triton_device)
+        outs = qk_norm_rope_fwd(x, x.clone(), w, w, cos, sin, 1e-6, 1e-6, False, 2)
+    else:
+        outs = (rope_fwd(x, cos, sin, False, 2),)
+    ((args, kwargs),) = launches
+    qy, ky = args[4], args[5]
+    assert kwargs["TWO"] is two
+    assert qy is outs[0]
+    if two:
+        assert ky is outs[1] and ky is not qy
+    else:  # k's output slot holds no output of this call at all
+        assert all(ky is not o for o in outs)
+    if not two:  # and the launch that reads nothing through k's slots still rotates x
+        assert_close(outs[0], rope_ref(x, cos, sin, False, 2), torch.float32)
