@@ -18,6 +18,7 @@ Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_guard_cost.py [--shape
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import importlib
 import json
@@ -54,6 +55,16 @@ def recording(filt, kept: list):
         return keep
 
     return record
+
+
+def guard_table(kept: dict[str, list]) -> str:
+    """Per guard type, how many guards each variant keeps (one column a variant), and the totals."""
+    kinds = sorted({kind for guards in kept.values() for kind, _ in guards})
+    counts = {name: collections.Counter(kind for kind, _ in guards) for name, guards in kept.items()}
+    rows = [f"{'guard type':30s}" + "".join(f"{name:>22s}" for name in kept)]
+    rows += [f"{kind:30s}" + "".join(f"{counts[name][kind]:>22d}" for name in kept) for kind in kinds]
+    rows.append(f"{'all':30s}" + "".join(f"{len(guards):>22d}" for guards in kept.values()))
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -110,7 +121,8 @@ def main() -> int:
     if args.dump_guards:
         with open(args.dump_guards, "w") as f:
             json.dump(kept, f, indent=0)
-        print("guards kept: " + ", ".join(f"{name} {len(g)}" for name, g in kept.items()) + f" ({args.dump_guards})")
+        print(f"guards kept, by guard type ({args.dump_guards}):")
+        print(guard_table({name: g for name, g in kept.items() if g}))
     return 0
 
 
