@@ -67,9 +67,10 @@ def _launch(q, k, q_weight, k_weight, cos, sin, q_eps, k_eps, interleaved, seq_d
         p_a, p_b, p_c = row_pieces(max(half, 1))
         block_p = triton.next_power_of_2(head_dim - 2 * half) if head_dim > 2 * half else 0
         has_weight = q_weight is not None
+        two = len(tensors) == 2
         qt, kt = tensors[0], tensors[-1]  # one tensor: it stands in for k too, and axis 1 never reaches k
         # k's output: with one tensor, x (never written: TWO is false), so no two outputs a kernel may write alias
-        ky = outs[1] if len(tensors) == 2 else qt
+        ky = outs[1] if two else qt
         per_tensor = []
         for t, n in ((qt, n_rows[0]), (kt, n_rows[-1])):
             per_tensor += [n, t.shape[1], t.shape[2], *t.stride()[:3]]
@@ -79,7 +80,7 @@ def _launch(q, k, q_weight, k_weight, cos, sin, q_eps, k_eps, interleaved, seq_d
             SEQ_DIM=seq_dim, INTERLEAVED=interleaved, NORM=norm, HAS_WEIGHT=has_weight, ROWS=rows,
             HEAD_DIM=head_dim, HALF=half, ALIGN=alignment(*qt.stride()[:3], *kt.stride()[:3]),
             CS_ALIGN=alignment(cos.stride(0), sin.stride(0)), P_A=p_a, P_B=p_b, P_C=p_c, BLOCK_P=block_p,
-            TWO=len(tensors) == 2,
+            TWO=two,
             num_warps=num_warps,
         )  # fmt: skip
     return outs
