@@ -272,10 +272,15 @@ print(torch.cuda.get_device_name(), c("cuda", torch.float32), c("cuda", torch.bf
       # each point compiled first by 8 processes at once (--prewarm), then timed alone from Inductor's warm cache.
       # The grid is ~1 h: a call runs the points that fit SWEEP_DEADLINE (540 s) and prints the --only for the rest
       # (SWEEP_ARGS="--only '...'"). Parts join on the CPU: `fullgraph bench sweep --from-csv A,B --write-decisions
-      # src/fullgraph/ops/data/decisions.json`.
+      # src/fullgraph/ops/data/decisions.json`. SWEEP_CSV in an ignored folder (build/) outlives the call on a warm
+      # machine: with SWEEP_ARGS="--resume ..." the same call sent again carries on (carry build/ to a fresh one);
+      # the CSV is copied to $OUT either way.
+      sweep_csv=${SWEEP_CSV:-$OUT/sweep_h200.csv}
+      mkdir -p "$(dirname "$sweep_csv")"
       # shellcheck disable=SC2086 # a word list
-      eval "$py -m fullgraph bench sweep --prewarm ${SWEEP_PREWARM:-8} --deadline ${SWEEP_DEADLINE:-540} --csv $OUT/sweep_h200.csv ${SWEEP_ARGS:-}" \
+      eval "$py -m fullgraph bench sweep --prewarm ${SWEEP_PREWARM:-8} --deadline ${SWEEP_DEADLINE:-540} --csv $sweep_csv ${SWEEP_ARGS:-}" \
         2>&1 | tee -a "$OUT/sweep_h200.txt" | grep -v '^\[' | tail -40
+      [ "$sweep_csv" = "$OUT/sweep_h200.csv" ] || cp "$sweep_csv" "$OUT/"
       ;;
     grad-mode)
       $py benchmarks/probes/vit_grad_mode.py 2>&1 | tee "$OUT/vit_grad_mode.txt"

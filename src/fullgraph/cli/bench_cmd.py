@@ -230,6 +230,14 @@ SUITES = {
             ),
             ("--small", {"action": "store_true", "help": "one tiny DiT and one tiny ViT point (a CPU smoke run)"}),
             (
+                "--resume",
+                {
+                    "action": "store_true",
+                    "help": "skip the points whose rows --csv holds already (this GPU and torch, at least these "
+                    "ops and depth): the same command sent again carries on",
+                },
+            ),
+            (
                 "--verify",
                 {
                     "action": "store_true",

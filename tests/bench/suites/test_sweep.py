@@ -1,4 +1,5 @@
 import argparse
+import dataclasses
 import json
 import re
 
@@ -90,6 +91,8 @@ def test_small_sweep_runs_each_point_in_a_child_and_writes_decisions(tmp_path, m
     assert len(re.findall(r"\d+(?:\.\d+)?", line[len(vit_case) :])) == 3, line
     errs = {r.variant: r.value for r in rows if r.suite == "vit" and r.metric == "rel_err"}
     assert errs["plain, compiled"] < 1e-4 and errs["ours native, compiled"] < 1e-2  # fp32 on the CPU
+    # each row names the point that made it (what --resume reads)
+    assert {json.loads(r.params)["sweep"]["point"] for r in rows} == {p.label for p in sweep.grid(small=True)}
     assert json.loads(out.read_text())["format"] == measured.FORMAT
     measured.read_points(out)  # readable (on a CPU without kernels the per-op variants are skipped: no points)
 
@@ -139,6 +142,39 @@ def test_deadline_starts_no_point_past_it_and_names_the_rest(monkeypatch, capsys
     assert len(ran) == 2  # a third would end at 300 s
     err = capsys.readouterr().err
     assert "1 point(s) not started" in err and "--only 'dit 1152x16 b1 n4096 default'" in err
+
+
+def test_resume_skips_the_points_the_csv_holds_for_this_gpu_ops_and_depth(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(sweep, "run_point", lambda p, args: ran.append(p.label) or [])
+    csv = tmp_path / "part.csv"
+
+    def done(label, ops, depth=sweep.DEPTH, gpu=None):
+        tag = {"point": label, "ops": list(ops), "depth": depth}
+        rows = make_rows("dit", label, "ours auto, compiled", {"median_ms": (1.0, "ms")}, {"sweep": tag})
+        append_csv(str(csv), [dataclasses.replace(r, gpu=gpu or r.gpu) for r in rows])
+
+    done("dit 1152x16 b8 n256 default", sweep.DECIDED_OPS)  # a decision run's point: skipped by both runs
+    done("dit 1152x16 b2 n1024 default", ())  # a verify run's: skipped by a verify run only
+    done("dit 1152x16 b1 n4096 default", sweep.DECIDED_OPS, gpu="another GPU")  # not this GPU's: run
+    done("dit 1536x24 b8 n256 default", sweep.DECIDED_OPS, depth=28)  # another depth: run
+
+    def resumed(**extra):
+        ran.clear()
+        args = argparse.Namespace(from_csv=None, modes="default", only="dit 1152x16,dit 1536x24 b8", small=False,
+                                  deadline=None, write_decisions=None, resume=True, csv=str(csv), **extra)  # fmt: skip
+        sweep.run(args)
+        return set(ran)
+
+    rest = {"dit 1152x16 b1 n4096 default", "dit 1536x24 b8 n256 default"}
+    assert resumed() == rest | {"dit 1152x16 b2 n1024 default"}
+    assert "1 point(s) of this GPU already in" in capsys.readouterr().err
+    assert resumed(verify=True) == rest
+    assert resumed(depth=28) == {"dit 1152x16 b8 n256 default", "dit 1152x16 b2 n1024 default",
+                                 "dit 1152x16 b1 n4096 default"}  # fmt: skip
+    assert sweep.run(argparse.Namespace(from_csv=None, modes="default", only="dit 1152x16 b8 n256", small=False,
+                                        deadline=None, write_decisions=None, resume=True, csv=str(csv)))[1] \
+        .startswith("every selected point is in the CSV already")  # fmt: skip
 
 
 def test_prewarm_compiles_every_point_at_once_before_any_is_timed_and_says_a_failed_one(monkeypatch, capsys):

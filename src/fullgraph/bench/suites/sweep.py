@@ -31,12 +31,15 @@ starts no point that the mean point so far says would end past it, and prints th
 `--prewarm JOBS` it works in batches of JOBS points, each compiled together and then timed, and starts a batch only
 if the mean point so far, its share of the compiles included, says the batch ends in time;
 `--from-csv A.csv,B.csv` measures nothing and prints the summary of parts run apart (and writes their decisions with
-`--write-decisions`).
+`--write-decisions`). `--resume` skips the points whose rows the `--csv` file holds already (this GPU and torch
+version, at least this run's one-kernel variants and depth: each row's params carry the point that made it), so the
+same command, sent again with the same CSV, carries on where a device call ended.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -119,6 +122,13 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
     points = [p for p in grid(args.small, modes) if not args.only or any(s in p.label for s in args.only.split(","))]
     if not points:
         raise UsageError(f"--only {args.only!r} matches no point of the grid")
+    if getattr(args, "resume", False):
+        done_before = timed_before(args.csv, ops, getattr(args, "depth", None) or DEPTH)
+        points = [p for p in points if p.label not in done_before]
+        print(f"sweep: --resume: {len(done_before)} point(s) of this GPU already in {args.csv}, "
+              f"{len(points)} to run", file=sys.stderr, flush=True)  # fmt: skip
+        if not points:
+            return [], "every selected point is in the CSV already: nothing to run"
     rows: list[Result] = []
     deadline, jobs = args.deadline, getattr(args, "prewarm", 0)
     # Batches: with a prewarm and a deadline, `jobs` points are compiled together, then timed, before the next
@@ -205,7 +215,30 @@ def run_point(p: Point, args) -> list[Result]:
         if done.returncode != 0:
             print(f"sweep: {p.label} failed (exit {done.returncode})", file=sys.stderr)
             return []
-        return read_csv(csv)
+        tag = {"point": p.label, "ops": list(decided_ops(args)), "depth": getattr(args, "depth", None) or DEPTH}
+        return [dataclasses.replace(r, params=_tagged(r.params, tag)) for r in read_csv(csv)]
+
+
+def _tagged(params: str, tag: dict) -> str:
+    """A row's params JSON with the sweep's own key added: which point, ops and depth produced it (`--resume`)."""
+    return json.dumps({**json.loads(params or "{}"), "sweep": tag}, sort_keys=True, separators=(",", ":"))
+
+
+def timed_before(csv: str | None, ops: tuple[str, ...], depth: int) -> set[str]:
+    """The labels of the points that `csv` holds rows of, measured on this machine's GPU and torch version with at
+    least the one-kernel variants of `ops` at `depth` blocks: what `--resume` skips."""
+    from fullgraph.bench.results import tags
+
+    if not csv or not os.path.exists(csv):
+        return set()
+    here = tags()
+    done = set()
+    for r in read_csv(csv):
+        tag = json.loads(r.params or "{}").get("sweep")
+        if (tag and (r.gpu, r.torch) == (here["gpu"], here["torch"]) and set(ops) <= set(tag["ops"])
+                and (tag["depth"] == depth or r.suite != "dit")):  # fmt: skip
+            done.add(tag["point"])
+    return done
 
 
 def _child_main(spec_json: str) -> None:
