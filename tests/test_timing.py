@@ -147,3 +147,22 @@ def test_round_medians_start_each_round_one_callable_further_along():
     assert timing.round_medians({}, device="cpu", rounds=4) == {}  # nothing to time: no rounds
     with pytest.raises(UsageError, match="graph=True needs a CUDA device"):  # graph= reaches each measurement
         timing.round_medians({"a": recorder("a")}, device="cpu", rounds=1, graph=True)
+
+
+def test_a_time_budget_adds_the_rounds_that_fit_after_the_first_and_keeps_the_least(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter_ns", lambda: int(clock[0] * 1e9))
+
+    def taking(seconds):  # each call advances the CPU clock the timings read by `seconds`
+        return lambda: clock.__setitem__(0, clock[0] + seconds)
+
+    fns = {"a": taking(0.001), "b": taking(0.003)}  # a round: (1 + 9) calls each, 0.04 s
+    out = timing.round_medians(fns, device="cpu", rounds=3, warmup=1, reps=9, budget_s=0.4)
+    assert {n: len(m) for n, m in out.items()} == {"a": 10, "b": 10}
+    assert out["a"][0] == pytest.approx(1.0) and out["b"][-1] == pytest.approx(3.0)  # ms per call
+    out = timing.round_medians(fns, device="cpu", rounds=3, warmup=1, reps=9, budget_s=0.4, most_rounds=6)
+    assert len(out["a"]) == 6  # capped
+    out = timing.round_medians(fns, device="cpu", rounds=3, warmup=1, reps=9, budget_s=0.05)
+    assert len(out["a"]) == 3  # one round fits: the least stands
+    assert len(timing.round_medians(fns, device="cpu", rounds=3, warmup=1, reps=9)["a"]) == 3  # no budget: fixed
+    assert timing.rounds_within(0.0, 1.0, 5) == timing.MOST_ROUNDS

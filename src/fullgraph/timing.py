@@ -24,6 +24,8 @@ import torch
 
 from fullgraph.errors import UsageError
 
+MOST_ROUNDS = 25  # round_medians' cap when a time budget sets the rounds
+
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolated quantile of already sorted values (q in [0, 1])."""
@@ -181,9 +183,16 @@ def round_medians(
     warmup: int = 2,
     reps: int = 20,
     graph: bool = False,
+    budget_s: float | None = None,
+    most_rounds: int = MOST_ROUNDS,
 ) -> dict[str, list[float]]:
     """Time every callable once per round, all of them in turn in each round, so a busy spell slows the variants
     of its round alike: name -> the median ms of each of its rounds (take their median, min and max).
+
+    `budget_s`: `rounds` is then the least, and as many more rounds (up to `most_rounds`) run as the first round says
+    fit in that many seconds: a short call is timed over more rounds for next to nothing (a 1 ms DiT point's round
+    of 7 variants takes ~0.2 s), where a host-bound call's round medians spread 10-70% (H100, 2026-12-07) and five
+    of them put a median several percent off.
 
     Each round starts one callable further along, so no callable holds one place in every round: in fixed order a
     place can carry a bias of its own (the DiT suite at 1024 tokens on the H200, where the first callable always
@@ -192,10 +201,22 @@ def round_medians(
     replayed from a CUDA graph (`measure`'s)."""
     medians: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
-    for r in range(rounds if names else 0):
+    total, r = (rounds if names else 0), 0
+    while r < total:
         for name in names[r % len(names) :] + names[: r % len(names)]:
             medians[name].append(measure(fns[name], device=device, warmup=warmup, reps=reps, graph=graph).median_ms)
+        if r == 0 and budget_s is not None:
+            total = rounds_within(sum(m[0] for m in medians.values()) * (warmup + reps) / 1e3, budget_s, rounds,
+                                  most_rounds)  # fmt: skip
+        r += 1
     return medians
+
+
+def rounds_within(round_s: float, budget_s: float, least: int, most: int = MOST_ROUNDS) -> int:
+    """How many rounds of `round_s` seconds fit in `budget_s`, at least `least` and at most `most` (`least` where
+    that is more)."""
+    fit = int(budget_s / round_s) if round_s > 0 else most
+    return max(least, min(most, fit))
 
 
 def first_call(fn: Callable[[], Any], device: str | torch.device | None = None) -> tuple[float, Any]:

@@ -17,6 +17,18 @@ from fullgraph.ops.policies import check_spec, parse_spec, policy, snapshot
 # --dtype names shared by the suites
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
+# Seconds a group of variants may spend being timed beyond the least rounds (`timing.round_medians`' budget) on a GPU:
+# short, host-bound calls get up to 25 rounds for a few seconds, where 5 left their medians a lottery on a noisy host.
+# None on the CPU, whose runs are smoke runs (tests), not figures.
+TIMING_BUDGET_S = 4.0
+
+
+def timing_budget(device) -> float | None:
+    """TIMING_BUDGET_S on a GPU, None (the least rounds only) elsewhere."""
+    from fullgraph.timing import resolve_device
+
+    return TIMING_BUDGET_S if resolve_device(device).type == "cuda" else None
+
 
 def parse_sizes(flag: str, spec: str, example: str) -> tuple[int, ...]:
     """`--seqs 197,1024`-style lists of positive ints; anything else is one error naming the flag and an example."""
@@ -91,7 +103,8 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
                      ) -> tuple[list, list[list], set[str]]:  # fmt: skip
     """One point of a twin comparison (suites `dit` and `vit`): each variant's first call (its compile) and error
     against `expected`, then every variant that ran timed in interleaved rounds (`timing.round_medians`, eager
-    variants, named "..., eager", in rounds of their own: an eager call loads the GPU another way). `variants`:
+    variants, named "..., eager", in rounds of their own: an eager call loads the GPU another way): at least
+    `rounds`, more on a GPU where they fit in TIMING_BUDGET_S. `variants`:
     name -> (callable, op policy), called as `call(fn, policy)`; the reference variant is "plain, compiled", which
     the "plain compiled / this" column and `over_plain_compiled` divide by. A variant whose first call raises is
     skipped with the reason (`explain(fn, policy, error)`, or the error's first line). Returns the rows, the table
@@ -115,7 +128,7 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     medians: dict[str, list[float]] = {}
     for group in (False, True):
         part = {name: fn for name, fn in live.items() if name.endswith(", eager") == group}
-        medians |= round_medians(part, device=device, rounds=rounds, reps=reps)
+        medians |= round_medians(part, device=device, rounds=rounds, reps=reps, budget_s=timing_budget(device))
     base = statistics.median(medians["plain, compiled"])
     for name, m in medians.items():
         med = statistics.median(m)

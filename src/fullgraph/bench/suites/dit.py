@@ -8,10 +8,10 @@ ours compiled `auto` but with the two fused norm ops native, `qk_norm_rope` (the
 and `layer_norm_modulate` (gated residual, LayerNorm and modulation in one pass), so Inductor fuses their native
 forms (what their kernels' `measured.py` entries are measured against), and ours eager with `auto`. Each variant
 is called inside its policy context (a policy change recompiles: Dynamo guards on it). Latency: the median of ROUNDS
-interleaved rounds (CUDA events, or the CPU clock; `timing.round_medians`, each round starting one variant further
-along; the compiled variants and the eager ones in rounds of their own), with the lowest and highest round median;
-each compiled variant's ratio to plain compiled is the suite's verdict (issue: our ops must never make a compiled
-model slower).
+interleaved rounds, or on a GPU as many more as fit in a few seconds (`TIMING_BUDGET_S`) (CUDA events, or the
+CPU clock; `timing.round_medians`, each round starting one variant further along; the compiled variants and the
+eager ones in rounds of their own), with the lowest and highest round median; each compiled variant's ratio to plain
+compiled is the suite's verdict (issue: our ops must never make a compiled model slower).
 Error: against the plain twin in float32. A second instance of the plain twin, compiled apart, gives the noise floor
 of a ratio. With --breakdown, where the GPU time goes (torch.profiler, kernel classes) for plain compiled, ours auto
 compiled and the fusions' variants.

@@ -5,7 +5,8 @@ A point is a model at one batch size in one mode. At each point, four variants o
 dtype: eager; plain `torch.compile(model, mode=...)`, what users run; "plain again", a second instance of the model
 under a second plain `torch.compile`, whose ratio to the first is the point's noise floor; and
 `fullgraph.compile(model, preset, mode=..., rewrites=...)` (preset dev by default: its only difference from plain
-is the rewrites). Latency: the median of ROUNDS interleaved rounds (`timing.round_medians`, CUDA events or the CPU
+is the rewrites). Latency: the median of ROUNDS interleaved rounds, on a GPU as many more as fit in a few seconds
+(`TIMING_BUDGET_S`; `timing.round_medians`, CUDA events or the CPU
 clock), the compiled variants in rounds of their own and eager in its own, as suite `dit` does; Dynamo's caches are
 reset before each point, so each point compiles its variants afresh. Error: the relative (Frobenius) error of each
 variant's output (a ModelOutput's `last_hidden_state`) against the model's eager float32 output, computed once per
@@ -39,7 +40,7 @@ import torch
 import fullgraph.compile
 from fullgraph.bench.prewarm import no_kept_autotuning, run_children
 from fullgraph.bench.results import Result, make_rows, read_csv
-from fullgraph.bench.suites import DTYPES, parse_sizes, rel_err
+from fullgraph.bench.suites import DTYPES, parse_sizes, rel_err, timing_budget
 from fullgraph.bench.suites.vit import parse_modes
 from fullgraph.bench.suites.zoo_models import MODELS, SMALL, Entry, import_library, primary_output, redraw_zero_weights
 from fullgraph.bench.table import format_table
@@ -329,11 +330,13 @@ def _measure(p: Point, models: dict, low: tuple[tuple, dict], expected: torch.Te
                 p.graphs[name] = (after[0] - before[0], after[1] - before[1])
         p.rewrites = ours.stats.rewrite_counts()
         p.fell_back = ours.stats.fell_back
-        progress(f"timing ({ROUNDS} rounds); rewrites: {p.rewrite_text()}")
+        progress(f"timing ({ROUNDS} rounds or more); rewrites: {p.rewrite_text()}")
         before = _dynamo_counts()
         for group in (COMPILED, ("eager",)):  # eager loads the device another way: rounds of its own
             part = {name: (lambda fn=calls[name]: fn(*a, **kw)) for name in group}
-            medians = round_medians(part, device=settings.device, rounds=ROUNDS, reps=settings.reps)
+            medians = round_medians(
+                part, device=settings.device, rounds=ROUNDS, reps=settings.reps, budget_s=timing_budget(settings.device)
+            )
             p.ms |= {name: statistics.median(m) for name, m in medians.items()}
             p.ranges |= {name: (min(m), max(m)) for name, m in medians.items()}
         p.compiled_while_timed = _dynamo_counts()[0] - before[0]
