@@ -95,6 +95,26 @@ def test_close_is_same_everything_and_rows_within_a_factor_of_2():
     assert measured.choice_among(near, *args[:6], 9000, "default") == "native"  # nothing close
 
 
+def test_a_token_keyed_op_is_close_only_at_tokens_within_a_factor_of_2_known_on_both_sides():
+    p = measured.Point(H200, "2.11", "sdpa_flash", "bf16", 72, 1152, 2048, "default", "kernel", 256)
+    args = [H200, "2.11", "sdpa_flash", "bf16", 72, 1152, 2048, "default"]
+    for tokens, expect in ((256, True), (128, True), (512, True), (127, False), (1024, False), (None, False)):
+        assert measured.close(p, *args, tokens) is expect, tokens
+    assert not measured.close(p._replace(tokens=None), *args, 256)  # a point that names no tokens speaks for none
+    # an op that is not token keyed reads no tokens
+    q = p._replace(op="linear_gelu", tokens=None)
+    other = [*args[:2], "linear_gelu", *args[3:]]
+    assert measured.close(q, *other, 1024) and measured.close(q, *other)
+    assert "sdpa_flash" in measured.TOKEN_KEYED_OPS and "linear_gelu" not in measured.TOKEN_KEYED_OPS
+    # a block's shape: tokens of one sequence where the tokens tensor has a batch dim
+    assert measured.shape_of(torch.empty(8, 256, 64), 16, 64).tokens == 256
+    assert measured.shape_of(torch.empty(256, 64), 16, 64).tokens is None
+    # the spans a graph compares: boxes of rows and tokens, none for a shape without tokens
+    assert measured.pick(((1024, 4096, 128, 512),), 2048, 256) == "kernel"
+    assert measured.pick(((1024, 4096, 128, 512),), 2048, 1024) == measured.pick(((1024, 4096, 128, 512),), 2048) \
+        == "native"  # fmt: skip
+
+
 def test_the_users_file_replaces_the_committed_tables_of_the_gpus_it_names(on_h200, tmp_path, monkeypatch):
     assert choice("linear_gelu", 4096) == "kernel"
     user_decisions(tmp_path, monkeypatch, [

@@ -67,29 +67,33 @@ H200 = "NVIDIA H200"
 
 @pytest.fixture
 def on_h200_with_a_flash_point(monkeypatch, tmp_path):
-    """cuda:0 reads as an H200 with torch 2.11, and the user's decision file says the pin won at 2048 rows of a
-    1152-wide, head-dim-72 block in default mode (and lost under CUDA graphs)."""
+    """cuda:0 reads as an H200 with torch 2.11, and the user's decision file says the pin won at 2048 rows of 256
+    tokens (batch 8) of a 1152-wide, head-dim-72 block in default mode (and lost under CUDA graphs); a point that
+    names no tokens (written before they were recorded) says the pin won at 1280 wide."""
     monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(measured, "_names", {0: H200})
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
     points = [
         {"op": "sdpa_flash", "dtype": "bf16", "head_dim": 72, "width": 1152, "rows": 2048, "mode": mode,
-         "choice": choice}
+         "choice": choice, "tokens": 256}
         for mode, choice in (("default", "kernel"), ("graphed", "native"))
-    ]  # fmt: skip
+    ] + [{"op": "sdpa_flash", "dtype": "bf16", "head_dim": 72, "width": 1280, "rows": 2048, "mode": "default",
+          "choice": "kernel"}]  # fmt: skip
     table = {"gpu": H200, "torch": "2.11", "triton": "3.6.0", "points": points}
     (tmp_path / measured.USER_FILE).write_text(json.dumps({"format": measured.FORMAT, "tables": [table]}))
 
 
 @pytest.mark.parametrize(
-    ("rows", "width", "graphed", "pinned"),
-    [(2048, 1152, False, True), (3000, 1152, False, True), (16384, 1152, False, False), (2048, 1280, False, False),
-     (2048, 1152, True, False)],
+    ("rows", "tokens", "width", "graphed", "pinned"),
+    [(2048, 256, 1152, False, True), (3000, 375, 1152, False, True), (16384, 256, 1152, False, False),
+     (2048, 256, 1280, False, False), (2048, 256, 1152, True, False),
+     (2048, 1024, 1152, False, False),  # 2 x 1024 tokens: the rows of the measured point, 4x its sequence
+     (2048, None, 1152, False, False)],  # tokens unknown (symbolic): native
 )  # fmt: skip
 def test_compiled_auto_pins_flash_only_at_a_close_measured_point(on_h200_with_a_flash_point, monkeypatch, rows,
-                                                                 width, graphed, pinned):  # fmt: skip
+                                                                 tokens, width, graphed, pinned):  # fmt: skip
     monkeypatch.setattr(direct.replay, "under_graphs", lambda: graphed)
-    shape = measured.Shape(torch.bfloat16, 72, width, rows)
+    shape = measured.Shape(torch.bfloat16, 72, width, rows, tokens)
     plan = direct._traced(torch.device("cuda", 0), "layer_norm_modulate:2", (), shape)
     assert (plan.attention is direct._attention_traced_flash) == pinned
     with ops.policy(sdpa_flash="native"):  # a policy overrides the data

@@ -224,7 +224,7 @@ SUITES = {
             (
                 "--ops",
                 {
-                    "help": "time only these ops' one-kernel variants, e.g. layer_norm_modulate (default: all four; "
+                    "help": "time only these ops' one-kernel variants, e.g. layer_norm_modulate (default: all five; "
                     "none with --verify)"
                 },
             ),
@@ -242,7 +242,7 @@ SUITES = {
                 {
                     "action": "store_true",
                     "help": "DiT points time only plain, plain again, ours auto and all native (the verdict), not "
-                    "the one-kernel variants the decisions are written from: 4 compiles a point instead of 7",
+                    "the one-kernel variants the decisions are written from: 4 compiles a point instead of 8",
                 },
             ),
             (

@@ -238,7 +238,7 @@ def _count_traced(calls: str, impls: tuple) -> bool:
 def _traced(device, calls, policies, shape) -> Direct:
     key = None if shape is None else (shape.dtype, shape.head_dim, shape.width, replay.under_graphs())
     plan = _compiled_plan(device.type, device.index, policies, version(), key)
-    impls = tuple(p if isinstance(p, str) else measured.pick(p, shape.rows) for p in plan)
+    impls = tuple(p if isinstance(p, str) else measured.pick(p, shape.rows, shape.tokens) for p in plan)
     _count_traced(calls, impls[: len(FORMS)])
     kernel = [impl == "kernel" for impl in impls]
     return Direct(

@@ -37,22 +37,28 @@ FORMAT = 1
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 MODES = ("default", "graphed")  # graphed: the code traced now replays from CUDA graphs (`fullgraph.replay`)
 ROWS_FACTOR = 2  # a measured point speaks for row counts within this factor of its own
+# Ops whose choice depends on the sequence length as well as the rows (tokens over the batch): attention's work grows
+# with the square of the tokens, so 8 x 256 and 2 x 1024 tokens (both 2048 rows) are not alike. For these a point
+# records its tokens per sequence and speaks only for calls whose tokens, known at trace time, are within ROWS_FACTOR
+# of its own too (a dynamic sequence length takes the native form).
+TOKEN_KEYED_OPS = frozenset({"sdpa_flash"})
 
 
 class Shape(NamedTuple):
     """What the compiled choice reads of a model's call: the token tensor's dtype, the attention's head dim, the
-    model's width (static: from its weights, never read off a dynamic tensor) and the row count (tokens over the
-    batch), symbolic under a dynamic dim."""
+    model's width (static: from its weights, never read off a dynamic tensor), the row count (tokens over the
+    batch), symbolic under a dynamic dim, and the tokens of one sequence (for TOKEN_KEYED_OPS; None where unknown)."""
 
     dtype: torch.dtype
     head_dim: int
     width: int
     rows: int | torch.SymInt
+    tokens: int | torch.SymInt | None = None
 
 
 def shape_of(x: torch.Tensor, head_dim: int, width: int) -> Shape:
-    """The Shape of a block's call on tokens `x` ([..., width]) with attention heads of `head_dim`."""
-    return Shape(x.dtype, head_dim, width, x.numel() // width)
+    """The Shape of a block's call on tokens `x` ([..., tokens, width]) with attention heads of `head_dim`."""
+    return Shape(x.dtype, head_dim, width, x.numel() // width, x.shape[-2] if x.dim() >= 3 else None)
 
 
 class Point(NamedTuple):
@@ -67,26 +73,34 @@ class Point(NamedTuple):
     rows: int
     mode: str
     choice: str
+    tokens: int | None = None  # of one sequence: read for TOKEN_KEYED_OPS only
+
+
+def _within(a: int, b: int) -> bool:
+    return a <= b * ROWS_FACTOR and b <= a * ROWS_FACTOR
 
 
 def close(point: Point, gpu: str, torch_version: str, op: str, dtype: str, head_dim: int, width: int, rows: int,
-          mode: str) -> bool:  # fmt: skip
+          mode: str, tokens: int | None = None) -> bool:  # fmt: skip
     """Does `point` speak for this call? Same GPU name, torch major.minor, op, dtype and mode (default, or replayed
     from CUDA graphs), the same head dim and row width, and a row count within a factor of 2 (ROWS_FACTOR) of the
-    point's. Nothing else is close: a call no point speaks for runs the native form."""
+    point's; for TOKEN_KEYED_OPS also tokens per sequence, known on both sides, within that factor. Nothing else is
+    close: a call no point speaks for runs the native form."""
+    keyed = op not in TOKEN_KEYED_OPS or (point.tokens is not None and tokens is not None
+                                          and _within(point.tokens, tokens))  # fmt: skip
     return (
         (point.gpu, point.torch, point.op, point.dtype, point.head_dim, point.width, point.mode)
         == (gpu, torch_version, op, dtype, head_dim, width, mode)
-        and point.rows <= rows * ROWS_FACTOR
-        and rows <= point.rows * ROWS_FACTOR
+        and _within(point.rows, rows)
+        and keyed
     )
 
 
 def choice_among(points, gpu: str, torch_version: str, op: str, dtype: str, head_dim: int, width: int, rows: int,
-                 mode: str) -> str:  # fmt: skip
+                 mode: str, tokens: int | None = None) -> str:  # fmt: skip
     """The choice of the close point nearest in row count (by ratio; a tie goes to "native"), "native" where no
     point is close."""
-    near = [p for p in points if close(p, gpu, torch_version, op, dtype, head_dim, width, rows, mode)]
+    near = [p for p in points if close(p, gpu, torch_version, op, dtype, head_dim, width, rows, mode, tokens)]
     if not near:
         return "native"
     best = min(near, key=lambda p: (abs(math.log(p.rows / rows)), p.choice != "native"))
@@ -101,43 +115,75 @@ def compiled_choice(op: str, device: torch.device | None = None, shape: Shape | 
     if device is None or device.type != "cuda" or shape is None:
         return "native"
     spans = kernel_rows(op, device.index, shape.dtype, shape.head_dim, shape.width, replay.under_graphs())
-    return pick(spans, shape.rows)
+    return pick(spans, shape.rows, shape.tokens)
 
 
-def pick(spans: tuple[tuple[int, int], ...], rows: int | torch.SymInt) -> str:
-    """ "kernel" where `rows` is known to lie in one of `spans` ((lo, hi), from `kernel_rows`) for every size the
-    graph serves, else "native". A symbolic row count is decided without a guard (`statically_known_true`, against
-    the dim's range: a guard would specialize it): a range the spans do not wholly hold takes the native form."""
-    for lo, hi in spans:
-        if statically_known_true(rows >= lo) and statically_known_true(rows <= hi):
+def pick(spans: tuple[tuple[int, ...], ...], rows: int | torch.SymInt, tokens: int | torch.SymInt | None = None) -> str:
+    """ "kernel" where `rows` is known to lie in one of `spans` ((lo, hi), from `kernel_rows`; for TOKEN_KEYED_OPS
+    (rows lo, rows hi, tokens lo, tokens hi), and then `tokens` in its token range too) for every size the graph
+    serves, else "native". A symbolic count is decided without a guard (`statically_known_true`, against the dim's
+    range: a guard would specialize it): a range the spans do not wholly hold takes the native form."""
+
+    def holds(n, lo: int, hi: int) -> bool:
+        return n is not None and statically_known_true(n >= lo) and statically_known_true(n <= hi)
+
+    for span in spans:
+        if holds(rows, *span[:2]) and (len(span) == 2 or holds(tokens, *span[2:])):
             return "kernel"
     return "native"
 
 
 @torch.compiler.assume_constant_result
-def kernel_rows(op: str, index: int | None, dtype: torch.dtype, head_dim: int, width: int,
-                graphed: bool) -> tuple[tuple[int, int], ...]:  # fmt: skip
+def kernel_rows(op: str, index: int | None, dtype: torch.dtype, head_dim: int,
+                width: int, graphed: bool) -> tuple[tuple[int, ...], ...]:  # fmt: skip
     """The row counts at which `choice_among` picks `op`'s kernel for this GPU, torch, dtype, head dim, width and
-    mode, as inclusive (lo, hi) spans: a constant to torch.compile (the data is read outside the trace), so the
-    rows, possibly symbolic, are compared in the graph's code (`pick`)."""
+    mode, as inclusive (lo, hi) spans; for TOKEN_KEYED_OPS boxes (rows lo, rows hi, tokens lo, tokens hi). A constant
+    to torch.compile (the data is read outside the trace), so the rows and tokens, possibly symbolic, are compared
+    in the graph's code (`pick`)."""
     if dtype not in DTYPES:
         return ()
     key = (gpu_name(index), torch_version(), op, DTYPES[dtype], head_dim, width)
     mode = MODES[bool(graphed)]
-    near = [p for p in points() if close(p, *key, p.rows, mode)]
-    # the choice changes only next to a point's reach (r / 2, 2 r) or between two points (their geometric mean)
-    edges = {e for p in near for e in (-(-p.rows // ROWS_FACTOR), p.rows * ROWS_FACTOR)}
-    edges |= {math.isqrt(p.rows * q.rows) for p in near for q in near}
-    rows = sorted({max(1, e + d) for e in edges for d in (-1, 0, 1, 2)})
-    spans: list[list[int]] = []
-    for n in rows:
-        if choice_among(near, *key, n, mode) != "kernel":
-            continue
-        if spans and spans[-1][1] == rows[rows.index(n) - 1]:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return tuple((lo, hi) for lo, hi in spans)
+    near = [p for p in points() if close(p, *key, p.rows, mode, p.tokens)]
+    rows = _candidates([p.rows for p in near])
+
+    def spans_at(tokens: int | None) -> list[list[int]]:
+        spans: list[list[int]] = []
+        for i, n in enumerate(rows):
+            if choice_among(near, *key, n, mode, tokens) != "kernel":
+                continue
+            if spans and spans[-1][1] == rows[i - 1]:
+                spans[-1][1] = n
+            else:
+                spans.append([n, n])
+        return spans
+
+    if op not in TOKEN_KEYED_OPS:
+        return tuple((lo, hi) for lo, hi in spans_at(None))
+    # the row spans at each candidate token count, a box growing while the next count keeps its span
+    boxes: list[list[int]] = []
+    growing: dict[tuple[int, int], list[int]] = {}
+    last = None
+    for t in _candidates([p.tokens for p in near]):
+        now = {}
+        for lo, hi in spans_at(t):
+            box = growing.get((lo, hi))
+            if box is not None and box[3] == last:
+                box[3] = t
+            else:
+                box = [lo, hi, t, t]
+                boxes.append(box)
+            now[(lo, hi)] = box
+        growing, last = now, t
+    return tuple(tuple(b) for b in boxes)
+
+
+def _candidates(counts: list[int]) -> list[int]:
+    """The counts (rows, or tokens) at which a choice among points measured at `counts` can change, with their
+    neighbours, sorted: next to a point's reach (n / 2, 2 n) or between two points (their geometric mean)."""
+    edges = {e for n in counts for e in (-(-n // ROWS_FACTOR), n * ROWS_FACTOR)}
+    edges |= {math.isqrt(n * m) for n in counts for m in counts}
+    return sorted({max(1, e + d) for e in edges for d in (-1, 0, 1, 2)})
 
 
 def torch_version(version: str | None = None) -> str:
@@ -180,7 +226,8 @@ def read_points(path: pathlib.Path) -> list[Point]:
         found = []
         for t in data["tables"]:
             for p in t["points"]:
-                point = Point(t["gpu"], torch_version(t["torch"]), *(p[f] for f in Point._fields[2:]))
+                point = Point(t["gpu"], torch_version(t["torch"]), *(p[f] for f in Point._fields[2:-1]),
+                              p.get("tokens"))  # fmt: skip
                 if point.mode not in MODES or point.choice not in ("native", "kernel") or point.rows <= 0:
                     raise ValueError(f"bad point {p}")
                 found.append(point)

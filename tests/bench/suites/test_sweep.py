@@ -287,24 +287,36 @@ def test_ops_names_the_one_kernel_variants_a_point_times_with_or_without_verify(
     # parsed to no op, it once timed no one-kernel variant, silently
     with pytest.raises(sweep.UsageError, match="--ops ', ' names no op"):
         sweep.decided_ops(argparse.Namespace(verify=False, ops=", "))
-    # sdpa_flash: timed where named, not part of the grid's default ops
+    # sdpa_flash: part of the grid's ops, and timed alone where named
     assert sweep.decided_ops(argparse.Namespace(verify=False, ops="sdpa_flash")) == ("sdpa_flash",)
-    assert "sdpa_flash" not in sweep.decided_ops(argparse.Namespace(verify=False, ops=None))
+    assert "sdpa_flash" in sweep.decided_ops(argparse.Namespace(verify=False, ops=None))
 
 
-def test_a_named_only_op_measured_at_a_point_becomes_its_decision():
+def test_flash_points_record_their_tokens_and_two_at_the_same_rows_stay_apart(tmp_path):
     ms = {"plain, compiled": 1.0, "plain again (second instance), compiled": 1.005, sweep.NATIVE: 1.0,
-          "ours none,+sdpa_flash, compiled": 0.95}  # fmt: skip
+          "ours none,+sdpa_flash, compiled": 0.95, "ours none,+linear_gelu, compiled": 0.95}  # fmt: skip
     found = {p["op"]: p for p in sweep.decisions(dit_rows("p", "default", ms))}
-    assert found == {"sdpa_flash": found["sdpa_flash"]} and found["sdpa_flash"]["choice"] == "kernel"
-    assert found["sdpa_flash"]["mode"] == "default"
+    assert found["sdpa_flash"]["choice"] == "kernel" and found["sdpa_flash"]["mode"] == "default"
+    assert found["sdpa_flash"]["tokens"] == 256 and found["sdpa_flash"]["rows"] == 8 * 256
+    # 2 x 1024 tokens: the same rows, another sequence length, where the pin lost
+    longer = [dataclasses.replace(r, case="q", params=r.params.replace('"batch":8', '"batch":2')
+                                  .replace('"tokens":256', '"tokens":1024'))
+              for r in dit_rows("q", "default", {**ms, "ours none,+sdpa_flash, compiled": 1.1})]  # fmt: skip
+    out = tmp_path / "decisions.json"
+    sweep.write_decisions(str(out), dit_rows("p", "default", ms))
+    sweep.write_decisions(str(out), longer)
+    flash = {(p.rows, p.tokens): p.choice for p in measured.read_points(out) if p.op == "sdpa_flash"}
+    assert flash == {(2048, 256): "kernel", (2048, 1024): "native"}  # merged, not replaced
+    gelu = [p for p in measured.read_points(out) if p.op == "linear_gelu"]
+    assert len(gelu) == 1 and gelu[0].choice == "kernel"  # a row-keyed op: the same point measured again
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 def test_every_sweep_config_has_a_committed_entry(gpu):
     """Every DiT point of the grid, in each mode, has a close committed point of this GPU for every decided op.
     Skipped, listing what is missing, until that GPU's sweep decisions are committed (issue 32, item 2; the lent
-    device has been an H100 since 2026-12-05: its table is complete since 2026-12-06)."""
+    device has been an H100 since 2026-12-05: its table was complete on 2026-12-06, before sdpa_flash joined the
+    grid's ops)."""
     committed = [p for p in measured.read_points(measured.DATA_FILE) if p.gpu == gpu]
     missing = []
     for p in sweep.grid(small=False):
@@ -314,7 +326,7 @@ def test_every_sweep_config_has_a_committed_entry(gpu):
         mode = "graphed" if p.mode == "reduce-overhead" else "default"
         for op in sweep.DECIDED_OPS:
             key = (gpu, "2.11", op, "bf16", dim // heads, dim, p.batch * p.tokens, mode)
-            if not any(measured.close(q, *key) for q in committed):
+            if not any(measured.close(q, *key, p.tokens) for q in committed):
                 missing.append(f"{p.label} {op}")
     if missing:
         pytest.skip(f"{gpu} sweep not complete: {len(missing)} (point, op) without an entry, e.g. {missing[:4]}")

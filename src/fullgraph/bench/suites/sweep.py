@@ -16,7 +16,7 @@ folder (`fullgraph._paths.cache_dir`), which replaces the committed tables of th
 `--small` is the CPU smoke run: one tiny DiT point and one tiny ViT point, default mode.
 
 `--verify` checks decisions already written: DiT points time plain, plain again, ours auto and all native only (4
-compiles a point where the one-kernel variants make 7), so it writes no decisions. `--ops OP,...` times the
+compiles a point where the one-kernel variants make 8), so it writes no decisions. `--ops OP,...` times the
 one-kernel variants of those ops only (with `--verify` too: a verdict and one op measured again in one run), and
 `--write-decisions` then writes those ops' points.
 
@@ -63,13 +63,12 @@ VITS = ("vit_b16", "vit_l16", "vit_h14", "vit_small")
 VIT_BATCHES = (4, 64)
 MODES = ("default", "reduce-overhead")
 DEPTH = 4
-# The ops a DiT block can take a kernel for under compiled `auto`, each measured as "all native but its kernel"
-DECIDED_OPS = ("linear_gelu", "qk_norm_rope", "layer_norm_modulate", "skinny_linear")
-# measured only when --ops names them (not yet over the whole grid: a point no measurement speaks for runs native):
-# sdpa_flash, the blocks' SDPA pinned to FlashAttention, which lost 10% at a GPU-bound point on the H100
-# (benchmarks/results/sweep_sdpa_flash_h100.csv) and is a host-time question at the host-bound ones
-NAMED_ONLY_OPS = ("sdpa_flash",)
-MEASURED_OPS = (*DECIDED_OPS, *NAMED_ONLY_OPS)  # what --ops may name and the decisions read
+# The ops a DiT block can take a kernel for under compiled `auto`, each measured as "all native but its kernel".
+# sdpa_flash is the blocks' SDPA pinned to FlashAttention: it lost 10-14% at GPU-bound points and gained 2-10% at
+# host-bound ones (H100: benchmarks/results/sweep_sdpa_flash_h100.csv, sweep_guard_filter_h100.csv), so its points
+# also record tokens per sequence (`measured.TOKEN_KEYED_OPS`): 8 x 256 and 2 x 1024 tokens are both 2048 rows.
+DECIDED_OPS = ("linear_gelu", "qk_norm_rope", "layer_norm_modulate", "skinny_linear", "sdpa_flash")
+MEASURED_OPS = DECIDED_OPS  # what --ops may name and the decisions read
 NATIVE = "ours native, compiled"
 AGAIN = "plain again (second instance), compiled"  # the plain twin's second instance: a point's noise floor
 MIN_GAIN = 0.01  # a kernel must beat the native form by this much, or by the point's noise if larger
@@ -307,7 +306,7 @@ def decisions(rows: list[Result]) -> list[dict]:
                 "op": op, "dtype": {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[p["dtype"]],
                 "head_dim": p["dim"] // p["heads"], "width": p["dim"], "rows": p["batch"] * p["tokens"],
                 "mode": "graphed" if p["mode"] == "reduce-overhead" else "default",
-                "choice": "kernel" if fast and growth <= MAX_ERROR_GROWTH else "native",
+                "choice": "kernel" if fast and growth <= MAX_ERROR_GROWTH else "native", "tokens": p["tokens"],
                 "source": f"bench sweep: {case}, all native but {op}'s kernel {gain:+.1%} over all native "
                           f"(noise {noise:.1%})" + (f", its error {growth:.2f}x all native's" if growth > 1.01 else ""),
             })  # fmt: skip
@@ -353,7 +352,11 @@ def merge_points(path: str, tables: dict[tuple[str, str], tuple[str, list[dict]]
 
 
 def _point_key(p: dict) -> tuple:
-    return tuple(p[f] for f in ("op", "dtype", "head_dim", "width", "rows", "mode"))
+    """What makes a decision point the same point measured again: its tokens too for `measured.TOKEN_KEYED_OPS`."""
+    from fullgraph.ops.measured import TOKEN_KEYED_OPS
+
+    tokens = p.get("tokens") if p["op"] in TOKEN_KEYED_OPS else None
+    return (*(p[f] for f in ("op", "dtype", "head_dim", "width", "rows", "mode")), tokens)
 
 
 def speeds(rows: list[Result]) -> dict[str, dict[str, float | None]]:
