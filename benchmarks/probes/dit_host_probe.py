@@ -16,6 +16,7 @@ Variants (same weights, torch.compile(fullgraph=True), default mode unless eager
   native           DiT, every op native (all native: the plain twin's kernels but the RoPE prologue)
   native+OP[+OP]   every op native but OP's kernel (the sweep's one-kernel variants)
   VARIANT@flash, VARIANT@mm, VARIANT@flash@mm   SDPA pinned to FlashAttention; every linear as mm + bias add
+  VARIANT@scale    our SDPA calls with an explicit scale= (before 2026-12-07; the twin's call has none)
 
 Issue 32's default-mode sweep points (`--shape DIMxHEADS:BATCH:TOKENS`, depth 4): where plain's default-mode time is
 its host time (1152x16 b8 n256: 0.938 ms default against 0.779 under CUDA graphs, H100 2026-12-06), ours auto lost
@@ -64,7 +65,8 @@ VARIANTS = {  # name -> (plain model?, policy, compiled?)
 }
 
 
-MODIFIERS = ("flash", "mm")  # VARIANT@flash: SDPA pinned to flash attention; VARIANT@mm: linear as mm + bias add
+MODIFIERS = ("flash", "mm", "scale")  # VARIANT@flash: SDPA pinned to flash attention; VARIANT@mm: linear as mm + bias
+# add; VARIANT@scale: our SDPA calls pass their scale even where it is SDPA's default (as before 2026-12-07)
 
 
 @contextlib.contextmanager
@@ -72,12 +74,18 @@ def modified(mods: tuple[str, ...]):
     """What a variant's `@` modifiers change, for its trace and every call (Dynamo guards on both, so they stay on):
     `flash` pins SDPA to FlashAttention (cuDNN's attention costs ~50 us of host time a call on the H100 host, its
     cProfile of 2026-12-06); `mm` computes every `F.linear` as a matmul plus a bias add, so Inductor calls mm (cuBLAS)
-    and adds the bias in the neighbouring kernel where addmm calls cuBLASLt with a bias epilogue (~20 us a call)."""
+    and adds the bias in the neighbouring kernel where addmm calls cuBLASLt with a bias epilogue (~20 us a call);
+    `scale` makes our SDPA calls pass `scale=` explicitly (`attention_backends.sdpa_scale` as before 2026-12-07)."""
     with contextlib.ExitStack() as stack:
         if "flash" in mods:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION]))
+        if "scale" in mods:
+            from fullgraph.ops import attention_backends
+
+            stack.callback(setattr, attention_backends, "sdpa_scale", attention_backends.sdpa_scale)
+            attention_backends.sdpa_scale = lambda q, scale: scale
         if "mm" in mods:
             original = F.linear
             F.linear = _linear_mm

@@ -39,6 +39,14 @@ def inductor_kernels(model, *inputs) -> dict[str, str]:
     return dict(re.findall(r"^(cpp_fused_\w+) = async_compile\.cpp_pybinding\(.*?'''(.*?)'''", code, re.M | re.S))
 
 
+def inductor_calls(model, *inputs) -> list[str]:
+    """The lines of the code Inductor writes for `model` on the CPU that call an aten op or an extern kernel (each
+    with its arguments, comments left out): what a compiled call runs beside its fused kernels."""
+    code = inductor_code(model, *inputs)
+    return [ln.strip() for ln in code.splitlines()
+            if not ln.strip().startswith("#") and re.search(r"= (torch\.ops\.|extern_kernels\.)", ln)]  # fmt: skip
+
+
 def buffer_bytes(buffers: list[tuple[str, str]]) -> int:
     """The bytes `inductor_buffers`' buffers hold together."""
     size = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}

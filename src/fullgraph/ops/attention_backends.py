@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -231,7 +232,15 @@ def _expand_kv(q, k, v):
 def attention_native(q, k, v, attn_mask, causal: bool, scale: float):
     """Plain SDPA: the reference every backend's backward differentiates."""
     k, v = _expand_kv(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=sdpa_scale(q, scale))
+
+
+def sdpa_scale(q: torch.Tensor, scale: float | None) -> float | None:
+    """`scale` as SDPA's argument: None where it is SDPA's own default, 1 / sqrt(head dim) (the same float, so the
+    same result), so that a compiled call reads as plain PyTorch's. Passed explicitly it was the one difference
+    between the Inductor code of our DiT with every op native and its plain twin (cuDNN's attention called with
+    `scale=` where the twin's call has none; H100, 2026-12-07, benchmarks/results/dit_host_code_h100.txt)."""
+    return None if scale == 1.0 / math.sqrt(q.shape[-1]) else scale
 
 
 def flash_serves(spec: Spec) -> bool:
@@ -251,7 +260,7 @@ def flash_pinned(q, k, v, scale: float):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, scale=sdpa_scale(q, scale))
     with env.only_sdpa("flash"):
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
 
@@ -265,7 +274,8 @@ def _sdpa(sub_backend: str, gqa_native: bool, out_like_q: bool = False):
         if not gqa_native:
             k, v = _expand_kv(q, k, v)
         with env.only_sdpa(sub_backend):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale, **extra)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                                 scale=sdpa_scale(q, scale), **extra)  # fmt: skip
         return _q_memory(out, q) if out_like_q else _bsnd_memory(out)
 
     return impl
