@@ -1,3 +1,4 @@
+import contextlib
 import time
 
 import pytest
@@ -166,3 +167,21 @@ def test_a_time_budget_adds_the_rounds_that_fit_after_the_first_and_keeps_the_le
     assert len(out["a"]) == 3  # one round fits: the least stands
     assert len(timing.round_medians(fns, device="cpu", rounds=3, warmup=1, reps=9)["a"]) == 3  # no budget: fixed
     assert timing.rounds_within(0.0, 1.0, 5) == timing.MOST_ROUNDS
+
+
+def test_a_variants_context_is_entered_once_around_each_of_its_measurements_not_per_call():
+    entered, seen = [], []
+
+    @contextlib.contextmanager
+    def state(name):
+        entered.append(name)
+        current.append(name)
+        yield
+        current.pop()
+
+    current: list[str] = []
+    fns = {n: (lambda n=n: seen.append((n, tuple(current)))) for n in "ab"}
+    timing.round_medians(fns, device="cpu", rounds=3, warmup=1, reps=4, around={"b": lambda: state("b")})
+    assert entered == ["b"] * 3  # once a round: around warm-up and timed calls together
+    assert {s for n, s in seen if n == "b"} == {("b",)} and {s for n, s in seen if n == "a"} == {()}
+    assert len(seen) == 2 * 3 * (1 + 4)

@@ -185,6 +185,7 @@ def round_medians(
     graph: bool = False,
     budget_s: float | None = None,
     most_rounds: int = MOST_ROUNDS,
+    around: Mapping[str, Callable[[], contextlib.AbstractContextManager]] | None = None,
 ) -> dict[str, list[float]]:
     """Time every callable once per round, all of them in turn in each round, so a busy spell slows the variants
     of its round alike: name -> the median ms of each of its rounds (take their median, min and max).
@@ -193,6 +194,10 @@ def round_medians(
     fit in that many seconds: a short call is timed over more rounds for next to nothing (a 1 ms DiT point's round
     of 7 variants takes ~0.2 s), where a host-bound call's round medians spread 10-70% (H100, 2026-12-07) and five
     of them put a median several percent off.
+
+    `around`: name -> a context each of that callable's measurements (its warm-up and timed calls together) runs
+    inside, for state a caller sets once rather than per call (an op policy: `with policy(...)` around every call
+    added its enter and exit, 5-10 us, to each timed call of a variant and to none of the plain twin's).
 
     Each round starts one callable further along, so no callable holds one place in every round: in fixed order a
     place can carry a bias of its own (the DiT suite at 1024 tokens on the H200, where the first callable always
@@ -204,7 +209,9 @@ def round_medians(
     total, r = (rounds if names else 0), 0
     while r < total:
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            medians[name].append(measure(fns[name], device=device, warmup=warmup, reps=reps, graph=graph).median_ms)
+            with around[name]() if around and name in around else contextlib.nullcontext():
+                timed = measure(fns[name], device=device, warmup=warmup, reps=reps, graph=graph)
+            medians[name].append(timed.median_ms)
         if r == 0 and budget_s is not None:
             total = rounds_within(sum(m[0] for m in medians.values()) * (warmup + reps) / 1e3, budget_s, rounds,
                                   most_rounds)  # fmt: skip

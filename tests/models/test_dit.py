@@ -382,14 +382,19 @@ def test_all_native_compiles_to_the_plain_twins_kernels_and_buffers():
     assert ours == inductor_buffers(plain, x, c)
 
 
+def bf16_twins():
+    """A small bf16 DiT, its plain twin and inputs, for comparing the two twins' Inductor code."""
+    model = randomized(config("dit_s", dim=144, heads=2, depth=2)).to(torch.bfloat16)
+    x, c = torch.randn(2, 24, 144, dtype=torch.bfloat16), torch.randn(2, 144, dtype=torch.bfloat16)
+    return model, twin(model, dtype=torch.bfloat16), x, c
+
+
 def test_all_native_compiles_to_the_plain_twins_very_kernel_code_but_the_rope():
     """Issue 32, item 3: all native read 0.94x plain at one point of an H100 sweep and 1.05x at the same point in the
     next run, where its modulations compiled to kernels of their own (an addcmul of float32 parameters, Inductor's
     `fused__to_copy_add_addcmul_...`) that were tuned apart from the twin's. Now every kernel is the twin's, byte for
     byte, but the attention prologue: our RoPE rotates with the float32 tables (the twin casts them to bf16)."""
-    model = randomized(config("dit_s", dim=144, heads=2, depth=2)).to(torch.bfloat16)
-    plain = twin(model, dtype=torch.bfloat16)
-    x, c = torch.randn(2, 24, 144, dtype=torch.bfloat16), torch.randn(2, 144, dtype=torch.bfloat16)
+    model, plain, x, c = bf16_twins()
     with ops.policy(all="native"):
         ours = inductor_kernels(model, x, c)
     theirs = inductor_kernels(plain, x, c)
@@ -402,9 +407,7 @@ def test_all_native_calls_the_same_aten_ops_with_the_same_arguments_as_the_plain
     """Issue 32, item 3: the one difference of the two twins' Inductor code on the H100 host
     (benchmarks/results/dit_host_code_h100.txt) was our SDPA call passing `scale=`, SDPA's own default, where the
     twin's passes none."""
-    model = randomized(config("dit_s", dim=144, heads=2, depth=2)).to(torch.bfloat16)
-    plain = twin(model, dtype=torch.bfloat16)
-    x, c = torch.randn(2, 24, 144, dtype=torch.bfloat16), torch.randn(2, 144, dtype=torch.bfloat16)
+    model, plain, x, c = bf16_twins()
     with ops.policy(all="native"):
         ours = inductor_calls(model, x, c)
     theirs = inductor_calls(plain, x, c)

@@ -105,10 +105,12 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     against `expected`, then every variant that ran timed in interleaved rounds (`timing.round_medians`, eager
     variants, named "..., eager", in rounds of their own: an eager call loads the GPU another way): at least
     `rounds`, more on a GPU where they fit in TIMING_BUDGET_S. `variants`:
-    name -> (callable, op policy), called as `call(fn, policy)`; the reference variant is "plain, compiled", which
-    the "plain compiled / this" column and `over_plain_compiled` divide by. A variant whose first call raises is
-    skipped with the reason (`explain(fn, policy, error)`, or the error's first line). Returns the rows, the table
-    lines ([point, variant, ms, rounds, plain compiled / this, rel err]) and the names that ran."""
+    name -> (callable, op policy), called as `call(fn, policy)` for the first call and as `call(fn, None)` inside
+    the policy's context, entered once around each block of timed calls, for the timings; the reference variant is
+    "plain, compiled", which the "plain compiled / this" column and `over_plain_compiled` divide by. A variant whose
+    first call raises is skipped with the reason (`explain(fn, policy, error)`, or the error's first line). Returns
+    the rows, the table lines ([point, variant, ms, rounds, plain compiled / this, rel err]) and the names that
+    ran."""
     from fullgraph.bench.results import make_rows
     from fullgraph.timing import round_medians
 
@@ -116,6 +118,7 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     table: list[list] = []
     errors: dict[str, float] = {}
     live: dict[str, Callable[[], torch.Tensor]] = {}
+    policies: dict[str, str | None] = {}
     for name, (fn, pol) in variants.items():  # first calls compile, one policy at a time
         try:
             out = call(fn, pol)
@@ -123,12 +126,17 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
             reason = explain(fn, pol, e) if explain else first_line(e, 120)
             table += [[point, name, None, "", None, None], [point, f"  skipped: {reason}", None, "", None, None]]
             continue
-        live[name] = lambda fn=fn, pol=pol: call(fn, pol)
+        # timed without a per-call policy context: the variant's policy is set around its block of calls, as a user
+        # sets a policy once (`around`), so a variant's calls pay no context the plain twin's do not
+        live[name] = lambda fn=fn: call(fn, None)
+        policies[name] = pol
         errors[name] = rel_err(out, expected)
     medians: dict[str, list[float]] = {}
     for group in (False, True):
         part = {name: fn for name, fn in live.items() if name.endswith(", eager") == group}
-        medians |= round_medians(part, device=device, rounds=rounds, reps=reps, budget_s=timing_budget(device))
+        around = {name: functools.partial(policy_context, policies[name]) for name in part}
+        medians |= round_medians(part, device=device, rounds=rounds, reps=reps, budget_s=timing_budget(device),
+                                 around=around)  # fmt: skip
     base = statistics.median(medians["plain, compiled"])
     for name, m in medians.items():
         med = statistics.median(m)
