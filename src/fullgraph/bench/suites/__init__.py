@@ -118,7 +118,6 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     table: list[list] = []
     errors: dict[str, float] = {}
     live: dict[str, Callable[[], torch.Tensor]] = {}
-    policies: dict[str, str | None] = {}
     for name, (fn, pol) in variants.items():  # first calls compile, one policy at a time
         try:
             out = call(fn, pol)
@@ -129,12 +128,11 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
         # timed without a per-call policy context: the variant's policy is set around its block of calls, as a user
         # sets a policy once (`around`), so a variant's calls pay no context the plain twin's do not
         live[name] = lambda fn=fn: call(fn, None)
-        policies[name] = pol
         errors[name] = rel_err(out, expected)
     medians: dict[str, list[float]] = {}
     for group in (False, True):
         part = {name: fn for name, fn in live.items() if name.endswith(", eager") == group}
-        around = {name: functools.partial(policy_context, policies[name]) for name in part}
+        around = {name: functools.partial(policy_context, variants[name][1]) for name in part}
         medians |= round_medians(part, device=device, rounds=rounds, reps=reps, budget_s=timing_budget(device),
                                  around=around)  # fmt: skip
     base = statistics.median(medians["plain, compiled"])

@@ -122,7 +122,7 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
     if not points:
         raise UsageError(f"--only {args.only!r} matches no point of the grid")
     if getattr(args, "resume", False):
-        done_before = timed_before(args.csv, ops, getattr(args, "depth", None) or DEPTH)
+        done_before = timed_before(args.csv, measured_as(args))
         points = [p for p in points if p.label not in done_before]
         print(f"sweep: --resume: {len(done_before)} point(s) of this GPU already in {args.csv}, "
               f"{len(points)} to run", file=sys.stderr, flush=True)  # fmt: skip
@@ -195,7 +195,7 @@ def decided_ops(args) -> tuple[str, ...]:
 
 def _child(p: Point, args, csv: str, reps: int, warm: bool) -> list[str]:
     spec = {"point": p.__dict__, "device": args.device, "reps": reps, "csv": csv, "small": args.small, "warm": warm,
-            "ops": list(decided_ops(args)), "depth": getattr(args, "depth", None) or DEPTH}  # fmt: skip
+            **measured_as(args)}  # fmt: skip
     code = "import sys; from fullgraph.bench.suites.sweep import _child_main; _child_main(sys.argv[1])"
     return [sys.executable, "-c", code, json.dumps(spec)]
 
@@ -214,8 +214,14 @@ def run_point(p: Point, args) -> list[Result]:
         if done.returncode != 0:
             print(f"sweep: {p.label} failed (exit {done.returncode})", file=sys.stderr)
             return []
-        tag = {"point": p.label, "ops": list(decided_ops(args)), "depth": getattr(args, "depth", None) or DEPTH}
+        tag = {"point": p.label, **measured_as(args)}
         return [dataclasses.replace(r, params=_tagged(r.params, tag)) for r in read_csv(csv)]
+
+
+def measured_as(args) -> dict:
+    """What a point's child measures beyond the point itself: the ops whose one-kernel variants it times and the DiT
+    depth (the child's spec, and the tag its rows carry for `--resume`)."""
+    return {"ops": list(decided_ops(args)), "depth": getattr(args, "depth", None) or DEPTH}
 
 
 def _tagged(params: str, tag: dict) -> str:
@@ -223,9 +229,9 @@ def _tagged(params: str, tag: dict) -> str:
     return json.dumps({**json.loads(params or "{}"), "sweep": tag}, sort_keys=True, separators=(",", ":"))
 
 
-def timed_before(csv: str | None, ops: tuple[str, ...], depth: int) -> set[str]:
+def timed_before(csv: str | None, wanted: dict) -> set[str]:
     """The labels of the points that `csv` holds rows of, measured on this machine's GPU and torch version with at
-    least the one-kernel variants of `ops` at `depth` blocks: what `--resume` skips."""
+    least the one-kernel variants and at the depth of `wanted` (`measured_as`): what `--resume` skips."""
     from fullgraph.bench.results import tags
 
     if not csv or not os.path.exists(csv):
@@ -234,8 +240,8 @@ def timed_before(csv: str | None, ops: tuple[str, ...], depth: int) -> set[str]:
     done = set()
     for r in read_csv(csv):
         tag = json.loads(r.params or "{}").get("sweep")
-        if (tag and (r.gpu, r.torch) == (here["gpu"], here["torch"]) and set(ops) <= set(tag["ops"])
-                and (tag["depth"] == depth or r.suite != "dit")):  # fmt: skip
+        if (tag and (r.gpu, r.torch) == (here["gpu"], here["torch"]) and set(wanted["ops"]) <= set(tag["ops"])
+                and (tag["depth"] == wanted["depth"] or r.suite != "dit")):  # fmt: skip
             done.add(tag["point"])
     return done
 
