@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from fullgraph.bench.breakdown import KernelTime
 from fullgraph.bench.suites import TOP_KERNELS, top_kernel_lines
 
@@ -53,3 +55,9 @@ def test_a_twin_variants_policy_holds_around_its_timed_calls_without_a_context_p
     timed = seen[2:]  # after the two first calls
     assert {p for n, p in timed if n == "ours"} == {"native"} and {p for n, p in timed if n == "plain"} == {None}
     assert entered.count("all=native") == 1 + 2  # the first call, then once per round: not once per timed call
+    # every round's median is a row of its own, and the table's speed column pairs the rounds
+    rounds = {r.metric for r in rows if r.variant == "ours native, compiled" and r.metric.startswith("round_ms_")}
+    assert rounds == {"round_ms_00", "round_ms_01"}
+    by = {(r.variant, r.metric): r.value for r in rows}
+    pairs = [by[("plain, compiled", m)] / by[("ours native, compiled", m)] for m in sorted(rounds)]
+    assert by[("ours native, compiled", "paired_speed")] == pytest.approx(sum(pairs) / 2)

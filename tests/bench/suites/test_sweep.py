@@ -39,6 +39,46 @@ def test_decisions_take_a_kernel_only_beyond_the_points_noise():
     assert (p["dtype"], p["head_dim"], p["width"], p["rows"]) == ("bf16", 72, 1152, 2048)
 
 
+def rounds_rows(case, rounds):
+    """Rows of `rounds` ({variant: [ms per round]}) as `time_interleaved` writes them: the median and each round."""
+    from fullgraph.bench.suites import ROUND_METRIC
+
+    params = {"dim": 1152, "heads": 16, "depth": 4, "batch": 8, "tokens": 256, "dtype": "bfloat16", "mode": "default"}
+    out = []
+    for v, ms in rounds.items():
+        metrics = {"median_ms": (sorted(ms)[len(ms) // 2], "ms")}
+        metrics |= {f"{ROUND_METRIC}{i:02d}": (t, "ms") for i, t in enumerate(ms)}
+        out += make_rows("dit", case, v, metrics, params)
+    return out
+
+
+def test_speeds_and_decisions_pair_the_variants_round_by_round():
+    # a host whose slow spells last about a round: ours and plain run at the same speed, both slow in rounds 0 and 3,
+    # and a spell that began mid-round 4 caught plain but not ours. The medians then sit on either side of the
+    # spell (plain 2.0, ours 1.0: 2x); round by round the ratios read 1, 1, 1, 1, 2 (median 1). The kernel variant
+    # ran 3% faster than all native in every round
+    plain, ours = [2.0, 1.0, 1.0, 2.0, 2.0], [2.0, 1.0, 1.0, 2.0, 1.0]
+    spells = {"plain, compiled": plain, "plain again (second instance), compiled": plain, "ours auto, compiled": ours,
+              sweep.NATIVE: ours}  # fmt: skip
+    spells["ours none,+linear_gelu, compiled"] = [t / 1.03 for t in spells[sweep.NATIVE]]
+    rows = rounds_rows("p", spells)
+    s = sweep.speeds(rows)["p"]
+    assert s["again"] == pytest.approx(1.0)
+    assert s["auto"] == s["native"] == pytest.approx(1.0)
+    (point,) = [p for p in sweep.decisions(rows) if p["op"] == "linear_gelu"]
+    assert point["choice"] == "kernel" and "+3.0% over all native" in point["source"]
+    # without the rounds (rows from before they were kept), the ratio of the medians
+    plain_only = [r for r in rows if not r.metric.startswith("round_ms_")]
+    assert sweep.speeds(plain_only)["p"]["auto"] == pytest.approx(2.0)
+
+
+def test_paired_speed_is_the_median_of_the_rounds_ratios():
+    from fullgraph.bench.suites import paired_speed
+
+    assert paired_speed([1.0, 4.0, 1.0], [2.0, 2.0, 1.0]) == pytest.approx(1.0)  # ratios 0.5, 2, 1
+    assert paired_speed([1.0, 2.0], [1.0]) == pytest.approx(1.5)  # unequal: the medians' ratio
+
+
 def test_a_kernel_that_moves_the_error_stays_native_however_fast():
     ms = {"plain, compiled": 10.0, "plain again (second instance), compiled": 10.0, sweep.NATIVE: 10.0,
           "ours none,+linear_gelu, compiled": 9.0, "ours none,+layer_norm_modulate, compiled": 9.0}  # fmt: skip

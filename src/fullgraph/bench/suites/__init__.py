@@ -107,7 +107,9 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     `rounds`, more on a GPU where they fit in TIMING_BUDGET_S. `variants`:
     name -> (callable, op policy), called as `call(fn, policy)` for the first call and as `call(fn, None)` inside
     the policy's context, entered once around each block of timed calls, for the timings; the reference variant is
-    "plain, compiled", which the "plain compiled / this" column and `over_plain_compiled` divide by. A variant whose
+    "plain, compiled": the "plain compiled / this" column is `paired_speed` against it (row metric "paired_speed";
+    `over_plain_compiled` is the ratio of the medians), and each round's median is a row ("round_ms_00", ...) so
+    any two variants can be paired later (`sweep.speed_over`). A variant whose
     first call raises is skipped with the reason (`explain(fn, policy, error)`, or the error's first line). Returns
     the rows, the table lines ([point, variant, ms, rounds, plain compiled / this, rel err]) and the names that
     ran."""
@@ -138,8 +140,25 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     base = statistics.median(medians["plain, compiled"])
     for name, m in medians.items():
         med = statistics.median(m)
+        paired = paired_speed(medians["plain, compiled"], m)
         metrics = {"median_ms": (med, "ms"), "round_min_ms": (min(m), "ms"), "round_max_ms": (max(m), "ms"),
-                   "over_plain_compiled": (med / base, "x"), "rel_err": (errors[name], "")}  # fmt: skip
+                   "over_plain_compiled": (med / base, "x"), "paired_speed": (paired, "x"),
+                   "rel_err": (errors[name], "")}  # fmt: skip
+        metrics |= {f"{ROUND_METRIC}{i:02d}": (v, "ms") for i, v in enumerate(m)}
         rows += make_rows(suite, point, name, metrics, params)
-        table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", base / med, errors[name]])
+        table.append([point, name, med, f"{min(m):.3f}-{max(m):.3f}", paired, errors[name]])
     return rows, table, set(live)
+
+
+ROUND_METRIC = "round_ms_"  # + the round's index: a variant's median ms in each interleaved round, in round order
+
+
+def paired_speed(reference: list[float], this: list[float]) -> float:
+    """The speed of `this` over `reference` (above 1 is faster), paired round by round: the median over rounds of
+    reference / this within the same round. Both ran in each round one after the other, so a slow spell of the host
+    that lasts a round slows both alike and cancels in the pair, where the ratio of the two medians mixes rounds of
+    different spells (the H100 hosts' host-bound rounds spread 10-70%, docs/decisions.md, "Paired rounds"). Lists
+    of unequal length (rows from before rounds were kept) give the ratio of medians."""
+    if len(reference) != len(this) or not this:
+        return statistics.median(reference) / statistics.median(this)
+    return statistics.median(r / t for r, t in zip(reference, this, strict=True))

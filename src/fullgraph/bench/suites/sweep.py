@@ -286,25 +286,52 @@ def ratios(rows: list[Result], metric: str = "median_ms") -> dict[tuple[str, str
     return {(r.case, r.variant): r.value for r in rows if r.metric == metric}
 
 
+def round_series(rows: list[Result]) -> dict[tuple[str, str], list[float]]:
+    """{(case, variant): its round medians in round order} of the rows that carry them (`time_interleaved`)."""
+    from fullgraph.bench.suites import ROUND_METRIC
+
+    found: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        if r.metric.startswith(ROUND_METRIC):
+            found.setdefault((r.case, r.variant), {})[int(r.metric[len(ROUND_METRIC) :])] = r.value
+    return {key: [by_round[i] for i in sorted(by_round)] for key, by_round in found.items()}
+
+
+def speed_over(ms: dict, rounds: dict, case: str, reference: str, variant: str) -> float | None:
+    """The speed of `variant` over `reference` at `case` (above 1 is faster): paired round by round where both carry
+    their rounds (`suites.paired_speed`), else the ratio of their medians (rows from before rounds were kept); None
+    where either was not timed."""
+    from fullgraph.bench.suites import paired_speed
+
+    ref_ms, this_ms = ms.get((case, reference)), ms.get((case, variant))
+    if ref_ms is None or this_ms is None:
+        return None
+    ref_rounds, these = rounds.get((case, reference)), rounds.get((case, variant))
+    if ref_rounds and these and len(ref_rounds) == len(these):
+        return paired_speed(ref_rounds, these)
+    return ref_ms / this_ms
+
+
 def decisions(rows: list[Result]) -> list[dict]:
     """The decision points of the DiT rows: per point, mode and op measured (MEASURED_OPS), "kernel"
-    where all native but that op's kernel beat all native by more than the point's noise (at least MIN_GAIN) with an
+    where all native but that op's kernel beat all native (`speed_over`: paired round by round) by more than the
+    point's noise (at least MIN_GAIN) with an
     error against fp32 at most MAX_ERROR_GROWTH times all native's, else "native"."""
     dit_rows = [r for r in rows if r.suite == "dit"]
-    ms, errors = ratios(dit_rows), ratios(dit_rows, "rel_err")
+    ms, errors, rounds = ratios(dit_rows), ratios(dit_rows, "rel_err"), round_series(dit_rows)
     params = {r.case: json.loads(r.params) for r in dit_rows}
     points = []
     for case, p in params.items():
-        native, plain, again = (ms.get((case, v)) for v in (NATIVE, "plain, compiled", AGAIN))
-        if native is None:
+        if (case, NATIVE) not in ms:
             continue
-        noise = abs(1 - again / plain) if plain and again else 0.0
+        again = speed_over(ms, rounds, case, "plain, compiled", AGAIN)
+        noise = abs(1 - again) if again else 0.0
         for op in MEASURED_OPS:
             variant = f"ours none,+{op}, compiled"
-            with_kernel = ms.get((case, variant))
-            if with_kernel is None:
+            speed = speed_over(ms, rounds, case, NATIVE, variant)
+            if speed is None:
                 continue
-            gain = native / with_kernel - 1
+            gain = speed - 1
             native_err, kernel_err = errors.get((case, NATIVE)), errors.get((case, variant))
             growth = kernel_err / native_err if native_err and kernel_err is not None else 1.0
             fast = gain > max(MIN_GAIN, noise)
@@ -366,20 +393,22 @@ def _point_key(p: dict) -> tuple:
 
 
 def speeds(rows: list[Result]) -> dict[str, dict[str, float | None]]:
-    """Per point (case, first seen first): "plain ms", and the speed over plain (plain ms / its ms, above 1 is
-    faster) of "auto", "native" and "again" (plain's second instance: the noise floor), None where not timed; a point
-    whose suite measured no twin (a CSV of the ViT suite before it did) has "plain ms" None."""
-    ms = ratios(rows)
+    """Per point (case, first seen first): "plain ms", and the speed over plain (`speed_over`: paired round by round,
+    else plain ms / its ms; above 1 is faster) of "auto", "native" and "again" (plain's second instance: the noise
+    floor), None where not timed; a point whose suite measured no twin (a CSV of the ViT suite before it did) has
+    "plain ms" None."""
+    ms, rounds = ratios(rows), round_series(rows)
     out: dict[str, dict[str, float | None]] = {}
     for case in dict.fromkeys(r.case for r in rows if r.metric == "median_ms"):
         plain = ms.get((case, "plain, compiled"))
         timed = {
-            k: ms.get((case, v)) for k, v in (("auto", "ours auto, compiled"), ("native", NATIVE), ("again", AGAIN))
+            k: speed_over(ms, rounds, case, "plain, compiled", v)
+            for k, v in (("auto", "ours auto, compiled"), ("native", NATIVE), ("again", AGAIN))
         }
         if plain is None or timed["auto"] is None:
             out[case] = {"plain ms": None, "auto": None, "native": None, "again": None}
         else:
-            out[case] = {"plain ms": plain, **{k: v and plain / v for k, v in timed.items()}}
+            out[case] = {"plain ms": plain, **timed}
     return out
 
 
