@@ -266,11 +266,37 @@ def test_prewarm_under_a_deadline_compiles_and_times_in_batches_that_fit(monkeyp
     sweep.run(args)
     labels = [p.label for p in sweep.grid(False, ("default", "reduce-overhead")) if "dit 1152x16" in p.label]
     assert len(labels) == 6
-    # batch 1 ends at 100 s, batch 2 at 200 s; a third (2 points at 50 s each) would end at 300 s
+    # batch 1 ends at 100 s, batch 2 at 200 s; a third of 2 points (a 60 s prewarm and 20 s a point) would end at
+    # 300 s, of 1 point at 280 s: none starts
     assert events == [("warm", labels[:2]), ("timed", labels[0]), ("timed", labels[1]),
                       ("warm", labels[2:4]), ("timed", labels[2]), ("timed", labels[3])]  # fmt: skip
     err = capsys.readouterr().err
     assert f"2 point(s) not started; run them with --only '{labels[4]},{labels[5]}'" in err
+
+
+def test_a_batch_that_does_not_fit_whole_shrinks_to_the_points_that_do(monkeypatch, capsys):
+    """A call of 520 s stopped at 302 s with 11 points left: its next batch of 8 did not fit, 5 would have."""
+    clock, events = [0.0], []
+    monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
+
+    def warm(points, args, jobs):  # 30 s a batch, whatever its size
+        events.append(("warm", len(points)))
+        clock[0] += 30.0
+
+    def point(p, args):
+        events.append(("timed", p.label))
+        clock[0] += 20.0
+        return []
+
+    monkeypatch.setattr(sweep, "prewarm", warm)
+    monkeypatch.setattr(sweep, "run_point", point)
+    args = argparse.Namespace(from_csv=None, modes="default,reduce-overhead", only="dit", small=False,
+                              deadline=300.0, write_decisions=None, prewarm=4)  # fmt: skip
+    sweep.run(args)
+    # batch 1: 30 + 4 x 20 = 110 s; batch 2 of 4 would end at 110 + 30 + 80 = 220 s; batch 3: 4 would end at 330,
+    # 3 at 310, 2 at 290
+    assert [e for e in events if e[0] == "warm"] == [("warm", 4), ("warm", 4), ("warm", 2)]
+    assert sum(e[0] == "timed" for e in events) == 10 and clock[0] == 290.0
 
 
 def test_a_batch_stops_at_a_point_that_would_end_past_the_deadline(monkeypatch, capsys):

@@ -137,24 +137,37 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
     # A point inside a batch is checked too: a batch's later points can be larger than the mean (a 3072-wide point
     # ran 50-70 s where the mean was 30 s), and one started past the deadline outlived the device call (H100,
     # 2026-12-06).
+    # A batch that does not fit whole shrinks to the points that do (a call of 520 s stopped at 302 s with 11 points
+    # left, its next batch of 8 predicted past the deadline: H100, 2026-12-07).
+    # The estimate: the mean timed point so far for each point, and the mean prewarm so far for a batch (a prewarm
+    # takes about as long for 3 points as for 8: its compiles run side by side).
     size = (jobs if deadline is not None else len(points)) if jobs else 1
     start = time.monotonic()
+    warmed = [0.0, 0]  # seconds spent in prewarms, how many
 
-    def out_of_time(done: int, upcoming: int) -> bool:
+    def fits(done: int, upcoming: int, warm: bool = False) -> bool:
+        if not done or deadline is None:
+            return True
         elapsed = time.monotonic() - start
-        if not done or deadline is None or elapsed + elapsed / done * upcoming <= deadline:
-            return False
-        rest = ",".join(q.label for q in points[done:])
-        print(f"sweep: --deadline {args.deadline:.0f} s: {len(points) - done} point(s) not started; run them with "
-              f"--only '{rest}'", file=sys.stderr, flush=True)  # fmt: skip
-        return True
+        per_point = (elapsed - warmed[0]) / done
+        warm_s = warmed[0] / warmed[1] if warm and warmed[1] else 0.0
+        return elapsed + per_point * upcoming + warm_s <= deadline
 
+    batch_end = 0
     for i, p in enumerate(points):
-        batch = points[i : i + size] if i % size == 0 else []  # a batch starts here: check it whole, then warm it
-        if out_of_time(i, len(batch) or 1):
+        starts = i >= batch_end
+        if starts:  # a batch starts here: the most points, up to `size`, that end in time with their prewarm
+            ks = range(min(size, len(points) - i), 0, -1)
+            batch_end = i + next((k for k in ks if fits(i, k, warm=bool(jobs))), 0)
+        if i >= batch_end or not fits(i, 1):
+            rest = ",".join(q.label for q in points[i:])
+            print(f"sweep: --deadline {args.deadline:.0f} s: {len(points) - i} point(s) not started; run them with "
+                  f"--only '{rest}'", file=sys.stderr, flush=True)  # fmt: skip
             break
-        if batch and jobs:
-            prewarm(batch, args, jobs)
+        if starts and jobs:
+            t0 = time.monotonic()
+            prewarm(points[i:batch_end], args, jobs)
+            warmed[0], warmed[1] = warmed[0] + time.monotonic() - t0, warmed[1] + 1
         print(f"[{time.monotonic() - start:7.1f}s] sweep {i + 1}/{len(points)}: {p.label}", file=sys.stderr, flush=True)
         done = run_point(p, args)
         rows += done
