@@ -4,7 +4,10 @@ forward code object, one Dynamo cache entry per policy. `dit_guard_cost.py` gave
 read all native within 1% of plain at 1280x16 b8 n256 on an H100, where the sweep read 0.94 on a quiet host
 (results/sweep_dit_default_paired_h100.*). Here, in one process, built as the sweep builds (`suites.dit.build`,
 `compile_twin`): plain and plain again; all native and auto on the shared object compiled under the sweep's seven
-policies; all native and auto each on a class of its own. Speeds paired round by round (`suites.paired_speed`).
+policies; all native and auto each on a class of its own; and all native with RoPE's native form computed in x's
+dtype, as the plain twin's `rotate_half_rope` does (ours computes it in float32: the one difference of op or dtype
+between the twins' post-grad graphs on the CPU, 2026-12-07), to see whether that is what all native pays at head
+dims 72 and 80. Speeds paired round by round (`suites.paired_speed`).
 
 Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_shared_cache.py [--shape 1280x16:8:256] [--depth 4]
 """
@@ -12,6 +15,7 @@ Usage (GPU): PYTHONPATH=src python3 benchmarks/probes/dit_shared_cache.py [--sha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -31,6 +35,33 @@ SWEEP_POLICIES = ["all=auto", "none"] + [f"none,+{op}" for op in
                                           "sdpa_flash")]  # fmt: skip
 
 
+def rope_in_dtype(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
+    """`ops.rope.rope_native` with the plain twin's arithmetic: tables cast to x's dtype, products in x's dtype."""
+    if interleaved:
+        raise NotImplementedError("the probe's RoPE in x's dtype is rotate-half only")
+    rotary = 2 * cos.shape[-1]
+    c, s = (torch.cat((t, t), -1).to(x.dtype) for t in (cos, sin))
+    if seq_dim == 1:
+        c, s = c[:, None], s[:, None]
+    xr = x[..., :rotary]
+    a, b = xr.chunk(2, dim=-1)
+    out = xr * c + torch.cat((-b, a), dim=-1) * s
+    return out if rotary == x.shape[-1] else torch.cat((out, x[..., rotary:]), dim=-1)
+
+
+@contextlib.contextmanager
+def rope_like_plain():
+    """RoPE's native form in x's dtype while the context holds (the trace and each call of the variant)."""
+    from fullgraph.ops import rope
+
+    original = rope.rope_native
+    rope.rope_native = rope_in_dtype
+    try:
+        yield
+    finally:
+        rope.rope_native = original
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="1280x16:8:256", help="DIMxHEADS:BATCH:TOKENS")
@@ -47,7 +78,7 @@ def main() -> int:
     cfg, ours, plain = build(ns, gpu, int(tokens))
     twin = type(plain)(cfg).eval()
     twin.load_state_dict(plain.state_dict())
-    own = {name: fresh(DiT, name, cfg) for name in ("native", "auto")}
+    own = {name: fresh(DiT, name, cfg) for name in ("native", "auto", "bf16rope")}
     for m in own.values():
         m.load_state_dict(ours.state_dict())
     ours, plain, twin = (m.to(device, dtype) for m in (ours, plain, twin))
@@ -63,7 +94,17 @@ def main() -> int:
         "auto, shared (7 policies)": (shared, "all=auto"),
         "native, own class": (compile_twin(own["native"], None, fullgraph=True, dynamic=False), "none"),
         "auto, own class": (compile_twin(own["auto"], None, fullgraph=True, dynamic=False), "all=auto"),
+        "native, own, RoPE in bf16": (compile_twin(own["bf16rope"], None, fullgraph=True, dynamic=False), "none"),
     }
+
+    def context(name: str, pol: str | None):
+        if "RoPE in bf16" not in name:
+            return policy_context(pol)
+        stack = contextlib.ExitStack()
+        stack.enter_context(policy_context(pol))
+        stack.enter_context(rope_like_plain())
+        return stack
+
     with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64):
         for pol in SWEEP_POLICIES:  # the shared object compiled under every policy of the sweep, as it is there
             try:
@@ -71,11 +112,13 @@ def main() -> int:
                     shared(x, c)
             except Exception as e:  # a kernel that cannot run here (the CPU without Triton's interpreter)
                 print(f"  {pol}: skipped ({str(e).splitlines()[0][:80]})")
-        for fn, pol in variants.values():
-            with policy_context(pol):
-                fn(x, c)
+        errors = {}
+        for name, (fn, pol) in variants.items():
+            with context(name, pol):
+                errors[name] = fn(x, c).float()
+        errors = {k: ((v - errors["plain"]).norm() / errors["plain"].norm()).item() for k, v in errors.items()}
         fns = {name: (lambda fn=fn: fn(x, c)) for name, (fn, _) in variants.items()}
-        around = {name: (lambda pol=pol: policy_context(pol)) for name, (_, pol) in variants.items()}
+        around = {name: (lambda name=name, pol=pol: context(name, pol)) for name, (_, pol) in variants.items()}
         medians = round_medians(fns, device=device, rounds=5, reps=20, budget_s=args.budget, most_rounds=40,
                                 around=around)  # fmt: skip
     print(f"{torch.cuda.get_device_name() if gpu else 'cpu'}, torch {torch.__version__}, {args.shape} depth "
@@ -83,7 +126,8 @@ def main() -> int:
     for name, ms in medians.items():
         m = statistics.median(ms)
         print(f"  {name:30s} {m * 1e3:8.1f} us  paired plain / this {paired_speed(medians['plain'], ms):.3f}  "
-              f"(rounds {min(ms) * 1e3:.1f}-{max(ms) * 1e3:.1f})")  # fmt: skip
+              f"(rounds {min(ms) * 1e3:.1f}-{max(ms) * 1e3:.1f})  differs from plain's output by "
+              f"{errors[name]:.2e}")  # fmt: skip
     return 0
 
 
