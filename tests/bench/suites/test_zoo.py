@@ -123,6 +123,25 @@ def test_a_slowed_fullgraph_is_flagged_in_the_table_and_the_summary():
     ]
 
 
+def test_the_verdict_pairs_plain_and_fullgraph_round_by_round_and_the_csv_keeps_the_rounds():
+    # fullgraph as fast as plain in every round, but a slow spell caught plain in round 4 and not fullgraph: the
+    # medians (2.0 against 1.0) would read 2x; round by round 1, 1, 1, 1, 2 (median 1)
+    p = point(plain=2.0, again=2.0, ours=1.0)
+    p.rounds = {"plain": [2.0, 1.0, 1.0, 2.0, 2.0], "plain again": [2.0, 1.0, 1.0, 2.0, 2.0],
+                "fullgraph": [2.0, 1.0, 1.0, 2.0, 1.0], "eager": [3.0] * 5}  # fmt: skip
+    assert p.speedup == pytest.approx(1.0) and p.again == pytest.approx(1.0)
+    slower = point(plain=1.0, again=1.0, ours=1.0)
+    slower.rounds = {"plain": [1.0, 2.0, 1.0], "plain again": [1.0, 2.0, 1.0], "fullgraph": [1.05, 2.1, 1.05],
+                     "eager": [3.0] * 3}  # fmt: skip
+    assert slower.speedup == pytest.approx(1 / 1.05) and slower.loss  # equal medians, but 5% slower in every round
+    slower.ranges = {v: (min(r), max(r)) for v, r in slower.rounds.items()}
+    rows = suite._rows(slower, {"dtype": "bf16"})
+    assert {r.metric for r in rows if r.variant == "fullgraph" and r.metric.startswith("round_ms_")} == {
+        "round_ms_00", "round_ms_01", "round_ms_02"}  # fmt: skip
+    (back,) = suite.points_from_rows(rows)
+    assert back.rounds["fullgraph"] == slower.rounds["fullgraph"] and back.loss
+
+
 def test_select_takes_model_and_library_names_in_the_catalogs_order():
     names = [e.name for e in suite.select("torchvision/resnet50,timm", small=False)]
     timm = ("vit_small_patch16_224", "vit_base_patch16_224", "deit_small_patch16_224", "convnext_tiny",

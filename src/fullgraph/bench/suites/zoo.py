@@ -13,7 +13,8 @@ variant's output (a ModelOutput's `last_hidden_state`) against the model's eager
 model and batch with TF32 off. The rewrites applied: `CompiledModel.stats.rewrite_counts()`.
 
 The verdict (`is_loss`, the issue's noise rule): fullgraph loses a point when its speed-up over plain is below 0.99
-and below that point's "plain again" ratio. The summary gives the median speed-up over all points and over the
+and below that point's "plain again" ratio, both paired round by round (`Point.over_plain`; each round's median is
+a row, `round_ms_NN`). The summary gives the median speed-up over all points and over the
 points where a rewrite applied. A model whose library is missing is skipped with one line naming the package; a
 point that fails is reported in its place and the others still run (the command then exits 1).
 
@@ -40,7 +41,7 @@ import torch
 import fullgraph.compile
 from fullgraph.bench.prewarm import no_kept_autotuning, run_children
 from fullgraph.bench.results import Result, make_rows, read_csv
-from fullgraph.bench.suites import DTYPES, parse_sizes, rel_err, timing_budget
+from fullgraph.bench.suites import DTYPES, ROUND_METRIC, paired_speed, parse_sizes, rel_err, timing_budget
 from fullgraph.bench.suites.vit import parse_modes
 from fullgraph.bench.suites.zoo_models import MODELS, SMALL, Entry, import_library, primary_output, redraw_zero_weights
 from fullgraph.bench.table import format_table
@@ -72,6 +73,7 @@ class Point:
     mode: str
     ms: dict[str, float] = field(default_factory=dict)  # variant -> median of its round medians
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (lowest, highest) round
+    rounds: dict[str, list[float]] = field(default_factory=dict)  # variant -> its round medians, in round order
     errors: dict[str, float] = field(default_factory=dict)
     rewrites: dict[str, int] = field(default_factory=dict)
     # compiled variant -> (graphs, graph breaks) its first call compiled: a variant split where another is not.
@@ -84,13 +86,22 @@ class Point:
     def case(self) -> str:
         return f"{self.model} b{self.batch} {self.mode}"
 
+    def over_plain(self, name: str) -> float:
+        """`name`'s speed over plain (above 1 is faster), paired round by round where both kept their rounds
+        (`suites.paired_speed`: a slow spell of the host slows both variants of a round alike), else plain's median
+        over its median (rows from before rounds were kept)."""
+        plain, this = self.rounds.get("plain"), self.rounds.get(name)
+        if plain and this and len(plain) == len(this):
+            return paired_speed(plain, this)
+        return self.ms["plain"] / self.ms[name]
+
     @property
     def speedup(self) -> float:
-        return self.ms["plain"] / self.ms["fullgraph"]
+        return self.over_plain("fullgraph")
 
     @property
     def again(self) -> float:
-        return self.ms["plain"] / self.ms["plain again"]
+        return self.over_plain("plain again")
 
     @property
     def loss(self) -> bool:
@@ -339,6 +350,7 @@ def _measure(p: Point, models: dict, low: tuple[tuple, dict], expected: torch.Te
             )
             p.ms |= {name: statistics.median(m) for name, m in medians.items()}
             p.ranges |= {name: (min(m), max(m)) for name, m in medians.items()}
+            p.rounds |= medians
         p.compiled_while_timed = _dynamo_counts()[0] - before[0]
 
 
@@ -362,7 +374,8 @@ def _rows(p: Point, config: dict) -> list[Result]:
     for name in VARIANTS:
         low, high = p.ranges[name]
         metrics = {"median_ms": (p.ms[name], "ms"), "round_min_ms": (low, "ms"), "round_max_ms": (high, "ms"),
-                   "over_plain": (p.ms["plain"] / p.ms[name], "x"), "rel_err": (p.errors[name], "")}  # fmt: skip
+                   "over_plain": (p.over_plain(name), "x"), "rel_err": (p.errors[name], "")}  # fmt: skip
+        metrics |= {f"{ROUND_METRIC}{i:02d}": (v, "ms") for i, v in enumerate(p.rounds.get(name, ()))}
         if name in p.graphs:
             metrics["graphs"], metrics["graph_breaks"] = (float(p.graphs[name][0]), ""), (float(p.graphs[name][1]), "")
         if name == "fullgraph":
@@ -421,6 +434,11 @@ def points_from_rows(rows: list[Result]) -> list[Point]:
         elif r.metric in ("round_min_ms", "round_max_ms"):
             low, high = p.ranges.get(r.variant, (r.value, r.value))
             p.ranges[r.variant] = (r.value, high) if r.metric == "round_min_ms" else (low, r.value)
+        elif r.metric.startswith(ROUND_METRIC):
+            at = int(r.metric.removeprefix(ROUND_METRIC))
+            kept = p.rounds.setdefault(r.variant, [])
+            kept.extend([float("nan")] * (at + 1 - len(kept)))
+            kept[at] = r.value
         elif r.metric.startswith("rewrite_"):
             p.rewrites[r.metric.removeprefix("rewrite_")] = int(r.value)
         elif r.metric in ("graphs", "graph_breaks"):
