@@ -18,11 +18,12 @@ import json
 import sys
 
 from fullgraph.bench.results import read_csv
+from fullgraph.bench.suites import NOISE as LOSS
+from fullgraph.bench.suites import is_loss
 from fullgraph.bench.suites.sweep import speeds
 from fullgraph.errors import UsageError
 
 MODES = ("default", "reduce-overhead")
-LOSS = 0.99  # the noise rule's floor (issue 32)
 
 
 def points(paths: list[str]) -> dict[str, list[tuple[str, dict]]]:
@@ -49,7 +50,7 @@ def losses(by_mode: dict[str, list[tuple[str, dict]]], variant: str) -> list[str
         f"{mode} {label} {s[variant]:.3f} (again {s['again']:.3f})"
         for mode, ps in by_mode.items()
         for label, s in ps
-        if s[variant] is not None and s[variant] < LOSS and (s["again"] is None or s[variant] < s["again"])
+        if is_loss(s[variant], s["again"])
     ]
 
 

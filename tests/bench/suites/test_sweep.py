@@ -72,6 +72,25 @@ def test_speeds_and_decisions_pair_the_variants_round_by_round():
     assert sweep.speeds(plain_only)["p"]["auto"] == pytest.approx(2.0)
 
 
+def test_the_summary_ends_with_issue_32s_verdict_per_mode():
+    rows = []
+    for case, auto, native, again in (("p", 0.97, 0.95, 1.0), ("q", 1.05, 1.0, 0.96), ("r", 0.98, 0.98, 0.97)):
+        speeds = {"plain, compiled": 1.0, "plain again (second instance), compiled": again,
+                  "ours auto, compiled": auto, sweep.NATIVE: native}  # fmt: skip
+        rows += rounds_rows(case, {v: [1 / speed] * 3 for v, speed in speeds.items()})
+        params = json.loads(rows[-1].params)
+        ours_err = 0.0060 if case == "q" else 0.005
+        rows += make_rows("dit", case, "ours auto, compiled", {"rel_err": (ours_err, "")}, params)
+        rows += make_rows("dit", case, "plain, compiled", {"rel_err": (0.005, "")}, params)
+    text = sweep.summary(rows)
+    # p loses (0.97 below 0.99 and below again 1.0); r is within its noise (again 0.97); native loses at p only
+    assert (
+        "default: 3 points; ours auto loses at 1 by the noise rule (p 0.970 (again 1.000)); median ours auto / "
+        "plain 0.980; all native loses at 1; error of auto at most 1.200x the plain twin's" in text
+    )
+    assert next(ln for ln in text.splitlines() if ln.startswith("p ")).endswith("auto and native lose")
+
+
 def test_paired_speed_is_the_median_of_the_rounds_ratios():
     from fullgraph.bench.suites import paired_speed
 
@@ -127,8 +146,9 @@ def test_small_sweep_runs_each_point_in_a_child_and_writes_decisions(tmp_path, m
     assert {r.variant for r in rows if r.suite == "vit" and r.metric == "median_ms"} == twins
     vit_case = next(r.case for r in rows if r.suite == "vit")
     line = next(ln for ln in sweep.summary(rows).splitlines() if ln.startswith(vit_case))
-    # plain ms and both ratios (plain ms in 4 significant digits: "125" on a slow CI machine, no decimal point)
-    assert len(re.findall(r"\d+(?:\.\d+)?", line[len(vit_case) :])) == 3, line
+    # plain ms, the three speeds and the error growth (plain ms in 4 significant digits: "125" on a slow CI machine,
+    # no decimal point)
+    assert len(re.findall(r"\d+(?:\.\d+)?", line[len(vit_case) :])) == 5, line
     errs = {r.variant: r.value for r in rows if r.suite == "vit" and r.metric == "rel_err"}
     assert errs["plain, compiled"] < 1e-4 and errs["ours native, compiled"] < 1e-2  # fp32 on the CPU
     # each row names the point that made it (what --resume reads)

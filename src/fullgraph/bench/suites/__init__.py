@@ -150,6 +150,16 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     return rows, table, set(live)
 
 
+NOISE = 0.99  # issues 32 and 33's noise rule: below this speed over plain a point can be a loss
+
+
+def is_loss(speed: float | None, again: float | None) -> bool:
+    """The noise rule (issues 32 and 33): a speed over plain (above 1 is faster) loses when it is below NOISE and
+    below the point's "plain again" speed (a second plain instance against the first: what this point's noise
+    alone reads); None (not timed) is no loss, and no "plain again" leaves NOISE alone."""
+    return speed is not None and speed < NOISE and (again is None or speed < again)
+
+
 ROUND_METRIC = "round_ms_"  # + the round's index: a variant's median ms in each interleaved round, in round order
 
 

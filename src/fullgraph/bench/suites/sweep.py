@@ -42,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from fullgraph._files import write_atomic_bytes
 from fullgraph.bench.prewarm import no_kept_autotuning, run_children
 from fullgraph.bench.results import Result, read_csv
+from fullgraph.bench.suites import is_loss
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
 
@@ -426,6 +428,49 @@ def speeds(rows: list[Result]) -> dict[str, dict[str, float | None]]:
 
 
 def summary(rows: list[Result]) -> str:
-    """Per point: ours auto / plain and plain again / plain (speed, above 1 is faster), from each suite's rows."""
-    table = [[case, s["plain ms"], s["auto"], s["again"]] for case, s in speeds(rows).items()]
-    return format_table(["point", "plain ms", "ours auto / plain (speed)", "plain again / plain"], table)
+    """Per point: plain ms, ours auto, all native and plain again over plain (speed, above 1 is faster) and ours
+    auto's error over the plain twin's; then the verdict by the noise rule (`verdict_lines`)."""
+    errors = ratios(rows, "rel_err")
+    table = []
+    for case, s in speeds(rows).items():
+        lost = [k for k in ("auto", "native") if is_loss(s[k], s["again"])]
+        verdict = f"{' and '.join(lost)} lose{'s' if len(lost) == 1 else ''}" if lost else ""
+        table.append([case, s["plain ms"], s["auto"], s["native"], s["again"], error_growth(errors, case), verdict])
+    headers = ["point", "plain ms", "ours auto / plain", "all native / plain", "plain again / plain",
+               "error auto / plain", "verdict"]  # fmt: skip
+    return "\n".join([format_table(headers, table), *verdict_lines(rows)])
+
+
+def error_growth(errors: dict, case: str) -> float | None:
+    """Ours `auto`'s error against fp32 over the plain twin's at `case` (`errors`: `ratios(rows, "rel_err")`)."""
+    ours, plain = errors.get((case, "ours auto, compiled")), errors.get((case, "plain, compiled"))
+    return ours / plain if ours is not None and plain else None
+
+
+def verdict_lines(rows: list[Result]) -> list[str]:
+    """Issue 32's checks over the points of `rows`, per compile mode: ours `auto`'s losses by the noise rule and its
+    median speed over plain, all native's losses, and the largest error growth of `auto` over the plain twin."""
+    by_mode: dict[str, list[str]] = {}
+    for r in rows:
+        if r.metric == "median_ms" and r.suite in ("dit", "vit"):
+            mode = json.loads(r.params or "{}").get("mode", "default")
+            cases = by_mode.setdefault(mode, [])
+            if r.case not in cases:
+                cases.append(r.case)
+    all_speeds, errors = speeds(rows), ratios(rows, "rel_err")
+    lines = []
+    for mode, cases in by_mode.items():
+        timed = {c: all_speeds[c] for c in cases if all_speeds[c]["auto"] is not None}
+        if not timed:
+            continue
+        lost = [f"{c} {s['auto']:.3f} (again {s['again']:.3f})" for c, s in timed.items()
+                if is_loss(s["auto"], s["again"])]  # fmt: skip
+        native = sum(is_loss(s["native"], s["again"]) for s in timed.values())
+        growth = [g for g in (error_growth(errors, c) for c in timed) if g is not None]
+        line = f"{mode}: {len(timed)} points; ours auto loses at {len(lost)} by the noise rule"
+        line += f" ({'; '.join(lost)})" if lost else ""
+        line += f"; median ours auto / plain {statistics.median(s['auto'] for s in timed.values()):.3f}"
+        line += f"; all native loses at {native}"
+        line += f"; error of auto at most {max(growth):.3f}x the plain twin's" if growth else ""
+        lines.append(line)
+    return lines

@@ -41,7 +41,16 @@ import torch
 import fullgraph.compile
 from fullgraph.bench.prewarm import no_kept_autotuning, run_children
 from fullgraph.bench.results import Result, make_rows, read_csv
-from fullgraph.bench.suites import DTYPES, ROUND_METRIC, paired_speed, parse_sizes, rel_err, timing_budget
+from fullgraph.bench.suites import (
+    DTYPES,
+    NOISE,
+    ROUND_METRIC,
+    is_loss,
+    paired_speed,
+    parse_sizes,
+    rel_err,
+    timing_budget,
+)
 from fullgraph.bench.suites.vit import parse_modes
 from fullgraph.bench.suites.zoo_models import MODELS, SMALL, Entry, import_library, primary_output, redraw_zero_weights
 from fullgraph.bench.table import format_table
@@ -51,17 +60,9 @@ from fullgraph.errors import UsageError
 from fullgraph.timing import resolve_device, round_medians
 
 ROUNDS = 5
-NOISE = 0.99  # below this speed-up a point can be a loss (and only below its own plain-again ratio)
 COMPILED = ("plain", "plain again", "fullgraph")
 VARIANTS = ("eager", *COMPILED)
 SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def is_loss(speedup: float, again: float) -> bool:
-    """The noise rule: fullgraph / plain (`speedup`, plain ms over fullgraph ms) loses when it is below NOISE and
-    below the point's plain-again ratio (`again`, plain ms over plain-again ms: what a second plain instance
-    measures against the first)."""
-    return speedup < NOISE and speedup < again
 
 
 @dataclass
