@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from fullgraph.bench.results import append_csv, make_rows, read_csv
 from fullgraph.bench.suites import sweep
@@ -209,8 +210,10 @@ def test_resume_skips_the_points_the_csv_holds_for_this_gpu_ops_and_depth(tmp_pa
     monkeypatch.setattr(sweep, "run_point", lambda p, args: ran.append(p.label) or [])
     csv = tmp_path / "part.csv"
 
-    def done(label, ops, depth=sweep.DEPTH, gpu=None):
-        tag = {"point": label, "ops": list(ops), "depth": depth}
+    now = dict.fromkeys(sweep.DECIDED_OPS, "native")  # what ours auto runs on this CPU: no table speaks for it
+
+    def done(label, ops, depth=sweep.DEPTH, gpu=None, auto=now):
+        tag = {"point": label, "ops": list(ops), "depth": depth, "auto": auto}
         rows = make_rows("dit", label, "ours auto, compiled", {"median_ms": (1.0, "ms")}, {"sweep": tag})
         append_csv(str(csv), [dataclasses.replace(r, gpu=gpu or r.gpu) for r in rows])
 
@@ -235,6 +238,32 @@ def test_resume_skips_the_points_the_csv_holds_for_this_gpu_ops_and_depth(tmp_pa
     assert sweep.run(argparse.Namespace(from_csv=None, modes="default", only="dit 1152x16 b8 n256", small=False,
                                         deadline=None, write_decisions=None, resume=True, csv=str(csv)))[1] \
         .startswith("every selected point is in the CSV already")  # fmt: skip
+    # a verification stands while the decisions it verified stand: rows whose ours auto ran other choices than the
+    # table gives now (or that say none) are verified again; a decision run reads no choices
+    csv.unlink()
+    done("dit 1152x16 b8 n256 default", (), auto={**now, "linear_gelu": "kernel"})
+    done("dit 1152x16 b2 n1024 default", (), auto=None)
+    done("dit 1152x16 b1 n4096 default", (), auto=now)
+    assert resumed(verify=True) == {"dit 1152x16 b8 n256 default", "dit 1152x16 b2 n1024 default",
+                                    "dit 1536x24 b8 n256 default"}  # fmt: skip
+
+
+def test_auto_choices_are_what_the_table_gives_ours_auto_at_a_dit_point(monkeypatch):
+    gpu = "NVIDIA Test GPU"
+    table = (measured.Point(gpu, "2.11", "sdpa_flash", "bf16", 80, 1280, 2048, "default", "kernel", 256),
+             measured.Point(gpu, "2.11", "linear_gelu", "bf16", 80, 1280, 2048, "graphed", "kernel"))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(measured, "gpu_name", lambda index: gpu)
+    monkeypatch.setattr(measured, "torch_version", lambda version=None: "2.11")
+    monkeypatch.setattr(measured, "points", lambda: table)
+    args = argparse.Namespace(small=False)
+    at = sweep.auto_choices(sweep.Point("dit", "1280x16", 8, 256, "default"), args)
+    assert at == {**dict.fromkeys(sweep.DECIDED_OPS, "native"), "sdpa_flash": "kernel"}
+    # the same rows in other tokens per sequence: flash's point does not speak for them; graphed mode reads its own
+    assert sweep.auto_choices(sweep.Point("dit", "1280x16", 2, 1024, "default"), args)["sdpa_flash"] == "native"
+    graphed = sweep.auto_choices(sweep.Point("dit", "1280x16", 2, 1024, "reduce-overhead"), args)
+    assert graphed["linear_gelu"] == "kernel" and graphed["sdpa_flash"] == "native"
+    assert sweep.auto_choices(sweep.Point("vit", "vit_b16", 4, None, "default"), args) is None
 
 
 def test_prewarm_compiles_every_point_at_once_before_any_is_timed_and_says_a_failed_one(monkeypatch, capsys):

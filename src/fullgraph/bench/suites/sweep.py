@@ -124,7 +124,7 @@ def run(args, save: Callable[[list[Result]], None] | None = None) -> tuple[list[
     if not points:
         raise UsageError(f"--only {args.only!r} matches no point of the grid")
     if getattr(args, "resume", False):
-        done_before = timed_before(args.csv, measured_as(args))
+        done_before = timed_before(args.csv, measured_as(args), {p.label: auto_choices(p, args) for p in points})
         points = [p for p in points if p.label not in done_before]
         print(f"sweep: --resume: {len(done_before)} point(s) of this GPU already in {args.csv}, "
               f"{len(points)} to run", file=sys.stderr, flush=True)  # fmt: skip
@@ -229,8 +229,30 @@ def run_point(p: Point, args) -> list[Result]:
         if done.returncode != 0:
             print(f"sweep: {p.label} failed (exit {done.returncode})", file=sys.stderr)
             return []
-        tag = {"point": p.label, **measured_as(args)}
+        tag = {"point": p.label, **measured_as(args), "auto": auto_choices(p, args)}
         return [dataclasses.replace(r, params=_tagged(r.params, tag)) for r in read_csv(csv)]
+
+
+def auto_choices(p: Point, args) -> dict[str, str] | None:
+    """What ours `auto` runs at DiT point `p` by the decision data as it is now: each decided op's choice
+    (`measured.choice_among` at the point's head dim, width, rows, tokens and mode; this GPU and torch version). A
+    row carries it, so a `--verify --resume` counts a point as verified only while its choices stand. None for a ViT
+    point (its ops meet the table at their own shapes: verified again every time)."""
+    if p.model != "dit":
+        return None
+    import torch
+
+    from fullgraph.ops import measured
+
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        return dict.fromkeys(DECIDED_OPS, "native")  # no table speaks for a CPU
+    dim, heads = (int(v) for v in p.name.split("x"))
+    dtype = "bf16"  # the sweep's GPU dtype (`_child_main`)
+    mode = "graphed" if p.mode == "reduce-overhead" else "default"
+    table = measured.points()
+    where = (measured.gpu_name(None), measured.torch_version(), dtype, dim // heads, dim, p.batch * p.tokens, mode)
+    return {op: measured.choice_among(table, where[0], where[1], op, *where[2:], p.tokens) for op in DECIDED_OPS}
 
 
 def measured_as(args) -> dict:
@@ -244,9 +266,12 @@ def _tagged(params: str, tag: dict) -> str:
     return json.dumps({**json.loads(params or "{}"), "sweep": tag}, sort_keys=True, separators=(",", ":"))
 
 
-def timed_before(csv: str | None, wanted: dict) -> set[str]:
+def timed_before(csv: str | None, wanted: dict, choices: dict[str, dict | None] | None = None) -> set[str]:
     """The labels of the points that `csv` holds rows of, measured on this machine's GPU and torch version with at
-    least the one-kernel variants and at the depth of `wanted` (`measured_as`): what `--resume` skips."""
+    least the one-kernel variants and at the depth of `wanted` (`measured_as`): what `--resume` skips. A `--verify`
+    (no one-kernel variant) counts a point only where its rows' ours `auto` ran the choices it would run now
+    (`choices`: label -> `auto_choices`; a ViT point or a row from before rows carried them is verified again): a
+    verification stands while the decisions it verified stand."""
     from fullgraph.bench.results import tags
 
     if not csv or not os.path.exists(csv):
@@ -255,9 +280,12 @@ def timed_before(csv: str | None, wanted: dict) -> set[str]:
     done = set()
     for r in read_csv(csv):
         tag = json.loads(r.params or "{}").get("sweep")
-        if (tag and (r.gpu, r.torch) == (here["gpu"], here["torch"]) and set(wanted["ops"]) <= set(tag["ops"])
+        if not (tag and (r.gpu, r.torch) == (here["gpu"], here["torch"]) and set(wanted["ops"]) <= set(tag["ops"])
                 and (tag["depth"] == wanted["depth"] or r.suite != "dit")):  # fmt: skip
-            done.add(tag["point"])
+            continue
+        if not wanted["ops"] and (tag.get("auto") is None or tag.get("auto") != (choices or {}).get(tag["point"])):
+            continue
+        done.add(tag["point"])
     return done
 
 
@@ -308,7 +336,10 @@ def round_series(rows: list[Result]) -> dict[tuple[str, str], list[float]]:
     found: dict[tuple[str, str], dict[int, float]] = {}
     for r in rows:
         if r.metric.startswith(ROUND_METRIC):
-            found.setdefault((r.case, r.variant), {})[int(r.metric[len(ROUND_METRIC) :])] = r.value
+            at = int(r.metric[len(ROUND_METRIC) :])
+            if at == 0:  # a run's rounds start at 0: a case measured again (a later part, a verify) replaces them
+                found[(r.case, r.variant)] = {}
+            found.setdefault((r.case, r.variant), {})[at] = r.value
     return {key: [by_round[i] for i in sorted(by_round)] for key, by_round in found.items()}
 
 

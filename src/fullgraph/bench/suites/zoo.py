@@ -437,6 +437,8 @@ def points_from_rows(rows: list[Result]) -> list[Point]:
             p.ranges[r.variant] = (r.value, high) if r.metric == "round_min_ms" else (low, r.value)
         elif r.metric.startswith(ROUND_METRIC):
             at = int(r.metric.removeprefix(ROUND_METRIC))
+            if at == 0:  # a run's rounds start at 0: a case measured again replaces them
+                p.rounds[r.variant] = []
             kept = p.rounds.setdefault(r.variant, [])
             kept.extend([float("nan")] * (at + 1 - len(kept)))
             kept[at] = r.value
