@@ -92,6 +92,23 @@ def test_the_summary_ends_with_issue_32s_verdict_per_mode():
     assert next(ln for ln in text.splitlines() if ln.startswith("p ")).endswith("auto and native lose")
 
 
+def test_a_point_verified_after_its_decision_run_reads_one_run_at_a_time():
+    # the decision run: the kernel variant 5% faster than all native; then a verify over the same file, 4 variants
+    # and more rounds, where all native ran in another host spell. Decisions read the decision run alone, the
+    # speeds the verify alone; no speed pairs a variant of one run with a round of the other
+    kernel = "ours none,+linear_gelu, compiled"
+    decision = {"plain, compiled": [1.0] * 3, "plain again (second instance), compiled": [1.0] * 3,
+                "ours auto, compiled": [1.0] * 3, sweep.NATIVE: [1.0] * 3, kernel: [1 / 1.05] * 3}  # fmt: skip
+    verify = {"plain, compiled": [2.0] * 5, "plain again (second instance), compiled": [2.0] * 5,
+              "ours auto, compiled": [2.0 / 1.02] * 5, sweep.NATIVE: [2.0] * 5}  # fmt: skip
+    rows = rounds_rows("p", decision) + rounds_rows("p", verify)
+    assert len(sweep.latest_runs(rows)) == len(rounds_rows("p", verify))
+    (point,) = [d for d in sweep.decisions(rows) if d["op"] == "linear_gelu"]
+    assert point["choice"] == "kernel" and "+5.0% over all native" in point["source"]
+    s = sweep.speeds(rows)["p"]
+    assert s["auto"] == pytest.approx(1.02) and s["plain ms"] == 2.0
+
+
 def test_paired_speed_is_the_median_of_the_rounds_ratios():
     from fullgraph.bench.suites import paired_speed
 

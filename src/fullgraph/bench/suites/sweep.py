@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from fullgraph._files import write_atomic_bytes
 from fullgraph.bench.prewarm import no_kept_autotuning, run_children
 from fullgraph.bench.results import Result, read_csv
-from fullgraph.bench.suites import is_loss
+from fullgraph.bench.suites import ROUND_METRIC, is_loss, paired_speed
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
 
@@ -329,17 +329,36 @@ def ratios(rows: list[Result], metric: str = "median_ms") -> dict[tuple[str, str
     return {(r.case, r.variant): r.value for r in rows if r.metric == metric}
 
 
-def round_series(rows: list[Result]) -> dict[tuple[str, str], list[float]]:
-    """{(case, variant): its round medians in round order} of the rows that carry them (`time_interleaved`)."""
-    from fullgraph.bench.suites import ROUND_METRIC
+def latest_runs(rows: list[Result], wanted: Callable[[list[Result]], bool] = lambda run: True) -> list[Result]:
+    """`rows` with each case's last run only (of the runs `wanted` takes): a point measured again (a verify over the
+    decision run's file, a part run twice) replaces every row of its earlier run, so no speed pairs one run's variant
+    with another's (a verify times 4 variants where the decision run timed 9). A run's rows are one block of the file
+    (a point's child writes them together); a block ends where another case starts or a (variant, metric) comes
+    again."""
+    blocks: list[list[Result]] = []
+    seen: set[tuple[str, str]] = set()
+    for r in rows:
+        if not blocks or blocks[-1][0].case != r.case or (r.variant, r.metric) in seen:
+            blocks.append([])
+            seen = set()
+        blocks[-1].append(r)
+        seen.add((r.variant, r.metric))
+    last = {block[0].case: i for i, block in enumerate(blocks) if wanted(block)}
+    return [r for i, block in enumerate(blocks) if last[block[0].case] == i for r in block]
 
+
+def timed_kernels(run: list[Result]) -> bool:
+    """Did this run of a point time one-kernel variants (a decision run, not a `--verify`)?"""
+    return any(r.variant.startswith("ours none,+") for r in run)
+
+
+def round_series(rows: list[Result]) -> dict[tuple[str, str], list[float]]:
+    """{(case, variant): its round medians in round order} of the rows that carry them (`time_interleaved`); rows
+    of one run of each case (`latest_runs`)."""
     found: dict[tuple[str, str], dict[int, float]] = {}
     for r in rows:
         if r.metric.startswith(ROUND_METRIC):
-            at = int(r.metric[len(ROUND_METRIC) :])
-            if at == 0:  # a run's rounds start at 0: a case measured again (a later part, a verify) replaces them
-                found[(r.case, r.variant)] = {}
-            found.setdefault((r.case, r.variant), {})[at] = r.value
+            found.setdefault((r.case, r.variant), {})[int(r.metric[len(ROUND_METRIC) :])] = r.value
     return {key: [by_round[i] for i in sorted(by_round)] for key, by_round in found.items()}
 
 
@@ -347,8 +366,6 @@ def speed_over(ms: dict, rounds: dict, case: str, reference: str, variant: str) 
     """The speed of `variant` over `reference` at `case` (above 1 is faster): paired round by round where both carry
     their rounds (`suites.paired_speed`), else the ratio of their medians (rows from before rounds were kept); None
     where either was not timed."""
-    from fullgraph.bench.suites import paired_speed
-
     ref_ms, this_ms = ms.get((case, reference)), ms.get((case, variant))
     if ref_ms is None or this_ms is None:
         return None
@@ -359,11 +376,11 @@ def speed_over(ms: dict, rounds: dict, case: str, reference: str, variant: str) 
 
 
 def decisions(rows: list[Result]) -> list[dict]:
-    """The decision points of the DiT rows: per point, mode and op measured (MEASURED_OPS), "kernel"
-    where all native but that op's kernel beat all native (`speed_over`: paired round by round) by more than the
-    point's noise (at least MIN_GAIN) with an
+    """The decision points of the DiT rows (each point's last run that timed one-kernel variants: `latest_runs`,
+    `timed_kernels`): per point, mode and op measured (MEASURED_OPS), "kernel" where all native but that op's kernel
+    beat all native (`speed_over`: paired round by round) by more than the point's noise (at least MIN_GAIN) with an
     error against fp32 at most MAX_ERROR_GROWTH times all native's, else "native"."""
-    dit_rows = [r for r in rows if r.suite == "dit"]
+    dit_rows = latest_runs([r for r in rows if r.suite == "dit"], timed_kernels)
     ms, errors, rounds = ratios(dit_rows), ratios(dit_rows, "rel_err"), round_series(dit_rows)
     params = {r.case: json.loads(r.params) for r in dit_rows}
     points = []
@@ -442,7 +459,8 @@ def speeds(rows: list[Result]) -> dict[str, dict[str, float | None]]:
     """Per point (case, first seen first): "plain ms", and the speed over plain (`speed_over`: paired round by round,
     else plain ms / its ms; above 1 is faster) of "auto", "native" and "again" (plain's second instance: the noise
     floor), None where not timed; a point whose suite measured no twin (a CSV of the ViT suite before it did) has
-    "plain ms" None."""
+    "plain ms" None. Each point's last run (`latest_runs`)."""
+    rows = latest_runs(rows)
     ms, rounds = ratios(rows), round_series(rows)
     out: dict[str, dict[str, float | None]] = {}
     for case in dict.fromkeys(r.case for r in rows if r.metric == "median_ms"):
@@ -461,7 +479,7 @@ def speeds(rows: list[Result]) -> dict[str, dict[str, float | None]]:
 def summary(rows: list[Result]) -> str:
     """Per point: plain ms, ours auto, all native and plain again over plain (speed, above 1 is faster) and ours
     auto's error over the plain twin's; then the verdict by the noise rule (`verdict_lines`)."""
-    errors = ratios(rows, "rel_err")
+    errors = ratios(latest_runs(rows), "rel_err")
     table = []
     for case, s in speeds(rows).items():
         lost = [k for k in ("auto", "native") if is_loss(s[k], s["again"])]
@@ -488,14 +506,14 @@ def verdict_lines(rows: list[Result]) -> list[str]:
             cases = by_mode.setdefault(mode, [])
             if r.case not in cases:
                 cases.append(r.case)
-    all_speeds, errors = speeds(rows), ratios(rows, "rel_err")
+    all_speeds, errors = speeds(rows), ratios(latest_runs(rows), "rel_err")
     lines = []
     for mode, cases in by_mode.items():
         timed = {c: all_speeds[c] for c in cases if all_speeds[c]["auto"] is not None}
         if not timed:
             continue
-        lost = [f"{c} {s['auto']:.3f} (again {s['again']:.3f})" for c, s in timed.items()
-                if is_loss(s["auto"], s["again"])]  # fmt: skip
+        lost = [f"{c} {s['auto']:.3f}" + (f" (again {s['again']:.3f})" if s["again"] is not None else "")
+                for c, s in timed.items() if is_loss(s["auto"], s["again"])]  # fmt: skip
         native = sum(is_loss(s["native"], s["again"]) for s in timed.values())
         growth = [g for g in (error_growth(errors, c) for c in timed) if g is not None]
         line = f"{mode}: {len(timed)} points; ours auto loses at {len(lost)} by the noise rule"
