@@ -107,6 +107,7 @@ def test_a_point_verified_after_its_decision_run_reads_one_run_at_a_time():
     assert point["choice"] == "kernel" and "+5.0% over all native" in point["source"]
     s = sweep.speeds(rows)["p"]
     assert s["auto"] == pytest.approx(1.02) and s["plain ms"] == 2.0
+    assert sweep.decisions(rounds_rows("p", verify)) == []  # a verify alone: no run to decide from
 
 
 def test_paired_speed_is_the_median_of_the_rounds_ratios():
@@ -312,21 +313,28 @@ def test_prewarm_compiles_every_point_at_once_before_any_is_timed_and_says_a_fai
         sweep.run(args)
 
 
-def test_prewarm_under_a_deadline_compiles_and_times_in_batches_that_fit(monkeypatch, capsys):
+def timed_on_a_fake_clock(monkeypatch, warm_s: float, point_s: float) -> tuple[list[float], list[tuple]]:
+    """The sweep's clock, prewarm and timed points replaced: a batch's prewarm takes `warm_s` whatever its size, a
+    timed point `point_s`. Returns the clock and the events ("warm", labels) and ("timed", label) in order."""
     clock, events = [0.0], []
     monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
 
-    def warm(points, args, jobs):  # a batch's compiles take 60 s, side by side
+    def warm(points, args, jobs):
         events.append(("warm", [p.label for p in points]))
-        clock[0] += 60.0
+        clock[0] += warm_s
 
-    def point(p, args):  # each timed point 20 s
+    def point(p, args):
         events.append(("timed", p.label))
-        clock[0] += 20.0
+        clock[0] += point_s
         return []
 
     monkeypatch.setattr(sweep, "prewarm", warm)
     monkeypatch.setattr(sweep, "run_point", point)
+    return clock, events
+
+
+def test_prewarm_under_a_deadline_compiles_and_times_in_batches_that_fit(monkeypatch, capsys):
+    _, events = timed_on_a_fake_clock(monkeypatch, warm_s=60.0, point_s=20.0)  # a batch's compiles side by side
     args = argparse.Namespace(from_csv=None, modes="default,reduce-overhead", only="dit 1152x16", small=False,
                               deadline=250.0, write_decisions=None, prewarm=2)  # fmt: skip
     sweep.run(args)
@@ -342,26 +350,13 @@ def test_prewarm_under_a_deadline_compiles_and_times_in_batches_that_fit(monkeyp
 
 def test_a_batch_that_does_not_fit_whole_shrinks_to_the_points_that_do(monkeypatch, capsys):
     """A call of 520 s stopped at 302 s with 11 points left: its next batch of 8 did not fit, 5 would have."""
-    clock, events = [0.0], []
-    monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
-
-    def warm(points, args, jobs):  # 30 s a batch, whatever its size
-        events.append(("warm", len(points)))
-        clock[0] += 30.0
-
-    def point(p, args):
-        events.append(("timed", p.label))
-        clock[0] += 20.0
-        return []
-
-    monkeypatch.setattr(sweep, "prewarm", warm)
-    monkeypatch.setattr(sweep, "run_point", point)
+    clock, events = timed_on_a_fake_clock(monkeypatch, warm_s=30.0, point_s=20.0)
     args = argparse.Namespace(from_csv=None, modes="default,reduce-overhead", only="dit", small=False,
                               deadline=300.0, write_decisions=None, prewarm=4)  # fmt: skip
     sweep.run(args)
     # batch 1: 30 + 4 x 20 = 110 s; batch 2 of 4 would end at 110 + 30 + 80 = 220 s; batch 3: 4 would end at 330,
     # 3 at 310, 2 at 290
-    assert [e for e in events if e[0] == "warm"] == [("warm", 4), ("warm", 4), ("warm", 2)]
+    assert [len(e[1]) for e in events if e[0] == "warm"] == [4, 4, 2]
     assert sum(e[0] == "timed" for e in events) == 10 and clock[0] == 290.0
 
 

@@ -1,10 +1,12 @@
 """Benchmark suites: each module has `run(args) -> (rows, table)`; `fullgraph bench` declares their arguments."""
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +15,9 @@ from fullgraph.errors import UsageError
 
 # functions, not `fullgraph.ops` itself: the name `ops` here is the ops suite's submodule (fullgraph.bench.suites.ops)
 from fullgraph.ops.policies import check_spec, parse_spec, policy, snapshot
+
+if TYPE_CHECKING:
+    from fullgraph.bench.results import Result
 
 # --dtype names shared by the suites
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -109,10 +114,9 @@ def time_interleaved(suite: str, point: str, params: dict, variants: dict[str, t
     the policy's context, entered once around each block of timed calls, for the timings; the reference variant is
     "plain, compiled": the "plain compiled / this" column is `paired_speed` against it (row metric "paired_speed";
     `over_plain_compiled` is the ratio of the medians), and each round's median is a row ("round_ms_00", ...) so
-    any two variants can be paired later (`sweep.speed_over`). A variant whose
-    first call raises is skipped with the reason (`explain(fn, policy, error)`, or the error's first line). Returns
-    the rows, the table lines ([point, variant, ms, rounds, plain compiled / this, rel err]) and the names that
-    ran."""
+    any two variants can be paired later (`sweep.speed_over`). A variant whose first call raises is skipped with the
+    reason (`explain(fn, policy, error)`, or the error's first line). Returns the rows, the table lines ([point,
+    variant, ms, rounds, plain compiled / this, rel err]) and the names that ran."""
     from fullgraph.bench.results import make_rows
     from fullgraph.timing import round_medians
 
@@ -172,3 +176,31 @@ def paired_speed(reference: list[float], this: list[float]) -> float:
     if len(reference) != len(this) or not this:
         return statistics.median(reference) / statistics.median(this)
     return statistics.median(r / t for r, t in zip(reference, this, strict=True))
+
+
+def latest_runs(rows: list[Result], wanted: Callable[[list[Result]], bool] = lambda run: True) -> list[Result]:
+    """`rows` with each case's last run only (of the runs `wanted` takes): a point measured again (a verify over the
+    decision run's file, a part run twice) replaces every row of its earlier run, so no speed pairs one run's variant
+    with another's (a verify times 4 variants where the decision run timed 9). A run's rows are one block of the file
+    (a point's child writes them together); a block ends where another case starts or a (variant, metric) comes
+    again."""
+    blocks: list[list[Result]] = []
+    seen: set[tuple[str, str]] = set()
+    for r in rows:
+        if not blocks or blocks[-1][0].case != r.case or (r.variant, r.metric) in seen:
+            blocks.append([])
+            seen = set()
+        blocks[-1].append(r)
+        seen.add((r.variant, r.metric))
+    last = {block[0].case: i for i, block in enumerate(blocks) if wanted(block)}
+    return [r for i, block in enumerate(blocks) if last.get(block[0].case) == i for r in block]
+
+
+def round_series(rows: list[Result]) -> dict[tuple[str, str], list[float]]:
+    """{(case, variant): its round medians in round order} of the rows that carry them (`time_interleaved`); rows
+    of one run of each case (`latest_runs`) give one run's rounds."""
+    found: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        if r.metric.startswith(ROUND_METRIC):
+            found.setdefault((r.case, r.variant), {})[int(r.metric[len(ROUND_METRIC) :])] = r.value
+    return {key: [by_round[i] for i in sorted(by_round)] for key, by_round in found.items()}

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from fullgraph._files import write_atomic_bytes
 from fullgraph.bench.prewarm import no_kept_autotuning, run_children
 from fullgraph.bench.results import Result, read_csv
-from fullgraph.bench.suites import ROUND_METRIC, is_loss, paired_speed
+from fullgraph.bench.suites import is_loss, latest_runs, paired_speed, round_series
 from fullgraph.bench.table import format_table
 from fullgraph.errors import UsageError
 
@@ -248,11 +248,11 @@ def auto_choices(p: Point, args) -> dict[str, str] | None:
     if not gpu:
         return dict.fromkeys(DECIDED_OPS, "native")  # no table speaks for a CPU
     dim, heads = (int(v) for v in p.name.split("x"))
-    dtype = "bf16"  # the sweep's GPU dtype (`_child_main`)
     mode = "graphed" if p.mode == "reduce-overhead" else "default"
-    table = measured.points()
-    where = (measured.gpu_name(None), measured.torch_version(), dtype, dim // heads, dim, p.batch * p.tokens, mode)
-    return {op: measured.choice_among(table, where[0], where[1], op, *where[2:], p.tokens) for op in DECIDED_OPS}
+    table, gpu_name, torch_mm = measured.points(), measured.gpu_name(None), measured.torch_version()
+    return {op: measured.choice_among(table, gpu_name, torch_mm, op, "bf16", dim // heads, dim, p.batch * p.tokens,
+                                      mode, p.tokens)  # bf16: the sweep's GPU dtype (`_child_main`)
+            for op in DECIDED_OPS}  # fmt: skip
 
 
 def measured_as(args) -> dict:
@@ -329,50 +329,18 @@ def ratios(rows: list[Result], metric: str = "median_ms") -> dict[tuple[str, str
     return {(r.case, r.variant): r.value for r in rows if r.metric == metric}
 
 
-def latest_runs(rows: list[Result], wanted: Callable[[list[Result]], bool] = lambda run: True) -> list[Result]:
-    """`rows` with each case's last run only (of the runs `wanted` takes): a point measured again (a verify over the
-    decision run's file, a part run twice) replaces every row of its earlier run, so no speed pairs one run's variant
-    with another's (a verify times 4 variants where the decision run timed 9). A run's rows are one block of the file
-    (a point's child writes them together); a block ends where another case starts or a (variant, metric) comes
-    again."""
-    blocks: list[list[Result]] = []
-    seen: set[tuple[str, str]] = set()
-    for r in rows:
-        if not blocks or blocks[-1][0].case != r.case or (r.variant, r.metric) in seen:
-            blocks.append([])
-            seen = set()
-        blocks[-1].append(r)
-        seen.add((r.variant, r.metric))
-    last = {block[0].case: i for i, block in enumerate(blocks) if wanted(block)}
-    return [r for i, block in enumerate(blocks) if last[block[0].case] == i for r in block]
-
-
 def timed_kernels(run: list[Result]) -> bool:
     """Did this run of a point time one-kernel variants (a decision run, not a `--verify`)?"""
     return any(r.variant.startswith("ours none,+") for r in run)
 
 
-def round_series(rows: list[Result]) -> dict[tuple[str, str], list[float]]:
-    """{(case, variant): its round medians in round order} of the rows that carry them (`time_interleaved`); rows
-    of one run of each case (`latest_runs`)."""
-    found: dict[tuple[str, str], dict[int, float]] = {}
-    for r in rows:
-        if r.metric.startswith(ROUND_METRIC):
-            found.setdefault((r.case, r.variant), {})[int(r.metric[len(ROUND_METRIC) :])] = r.value
-    return {key: [by_round[i] for i in sorted(by_round)] for key, by_round in found.items()}
-
-
 def speed_over(ms: dict, rounds: dict, case: str, reference: str, variant: str) -> float | None:
-    """The speed of `variant` over `reference` at `case` (above 1 is faster): paired round by round where both carry
-    their rounds (`suites.paired_speed`), else the ratio of their medians (rows from before rounds were kept); None
-    where either was not timed."""
+    """The speed of `variant` over `reference` at `case` (above 1 is faster): `suites.paired_speed` of their rounds,
+    a row's median standing for rounds it did not keep; None where either was not timed."""
     ref_ms, this_ms = ms.get((case, reference)), ms.get((case, variant))
     if ref_ms is None or this_ms is None:
         return None
-    ref_rounds, these = rounds.get((case, reference)), rounds.get((case, variant))
-    if ref_rounds and these and len(ref_rounds) == len(these):
-        return paired_speed(ref_rounds, these)
-    return ref_ms / this_ms
+    return paired_speed(rounds.get((case, reference)) or [ref_ms], rounds.get((case, variant)) or [this_ms])
 
 
 def decisions(rows: list[Result]) -> list[dict]:
@@ -479,15 +447,15 @@ def speeds(rows: list[Result]) -> dict[str, dict[str, float | None]]:
 def summary(rows: list[Result]) -> str:
     """Per point: plain ms, ours auto, all native and plain again over plain (speed, above 1 is faster) and ours
     auto's error over the plain twin's; then the verdict by the noise rule (`verdict_lines`)."""
-    errors = ratios(latest_runs(rows), "rel_err")
+    all_speeds, errors = speeds(rows), ratios(latest_runs(rows), "rel_err")
     table = []
-    for case, s in speeds(rows).items():
+    for case, s in all_speeds.items():
         lost = [k for k in ("auto", "native") if is_loss(s[k], s["again"])]
         verdict = f"{' and '.join(lost)} lose{'s' if len(lost) == 1 else ''}" if lost else ""
         table.append([case, s["plain ms"], s["auto"], s["native"], s["again"], error_growth(errors, case), verdict])
     headers = ["point", "plain ms", "ours auto / plain", "all native / plain", "plain again / plain",
                "error auto / plain", "verdict"]  # fmt: skip
-    return "\n".join([format_table(headers, table), *verdict_lines(rows)])
+    return "\n".join([format_table(headers, table), *verdict_lines(rows, all_speeds, errors)])
 
 
 def error_growth(errors: dict, case: str) -> float | None:
@@ -496,9 +464,10 @@ def error_growth(errors: dict, case: str) -> float | None:
     return ours / plain if ours is not None and plain else None
 
 
-def verdict_lines(rows: list[Result]) -> list[str]:
+def verdict_lines(rows: list[Result], all_speeds: dict, errors: dict) -> list[str]:
     """Issue 32's checks over the points of `rows`, per compile mode: ours `auto`'s losses by the noise rule and its
-    median speed over plain, all native's losses, and the largest error growth of `auto` over the plain twin."""
+    median speed over plain, all native's losses, and the largest error growth of `auto` over the plain twin
+    (`all_speeds`: `speeds(rows)`; `errors`: the rel_err ratios of their runs)."""
     by_mode: dict[str, list[str]] = {}
     for r in rows:
         if r.metric == "median_ms" and r.suite in ("dit", "vit"):
@@ -506,7 +475,6 @@ def verdict_lines(rows: list[Result]) -> list[str]:
             cases = by_mode.setdefault(mode, [])
             if r.case not in cases:
                 cases.append(r.case)
-    all_speeds, errors = speeds(rows), ratios(latest_runs(rows), "rel_err")
     lines = []
     for mode, cases in by_mode.items():
         timed = {c: all_speeds[c] for c in cases if all_speeds[c]["auto"] is not None}

@@ -46,9 +46,11 @@ from fullgraph.bench.suites import (
     NOISE,
     ROUND_METRIC,
     is_loss,
+    latest_runs,
     paired_speed,
     parse_sizes,
     rel_err,
+    round_series,
     timing_budget,
 )
 from fullgraph.bench.suites.vit import parse_modes
@@ -91,10 +93,7 @@ class Point:
         """`name`'s speed over plain (above 1 is faster), paired round by round where both kept their rounds
         (`suites.paired_speed`: a slow spell of the host slows both variants of a round alike), else plain's median
         over its median (rows from before rounds were kept)."""
-        plain, this = self.rounds.get("plain"), self.rounds.get(name)
-        if plain and this and len(plain) == len(this):
-            return paired_speed(plain, this)
-        return self.ms["plain"] / self.ms[name]
+        return paired_speed(self.rounds.get("plain") or [self.ms["plain"]], self.rounds.get(name) or [self.ms[name]])
 
     @property
     def speedup(self) -> float:
@@ -435,13 +434,6 @@ def points_from_rows(rows: list[Result]) -> list[Point]:
         elif r.metric in ("round_min_ms", "round_max_ms"):
             low, high = p.ranges.get(r.variant, (r.value, r.value))
             p.ranges[r.variant] = (r.value, high) if r.metric == "round_min_ms" else (low, r.value)
-        elif r.metric.startswith(ROUND_METRIC):
-            at = int(r.metric.removeprefix(ROUND_METRIC))
-            if at == 0:  # a run's rounds start at 0: a case measured again replaces them
-                p.rounds[r.variant] = []
-            kept = p.rounds.setdefault(r.variant, [])
-            kept.extend([float("nan")] * (at + 1 - len(kept)))
-            kept[at] = r.value
         elif r.metric.startswith("rewrite_"):
             p.rewrites[r.metric.removeprefix("rewrite_")] = int(r.value)
         elif r.metric in ("graphs", "graph_breaks"):
@@ -451,6 +443,8 @@ def points_from_rows(rows: list[Result]) -> list[Point]:
             p.compiled_while_timed = int(r.value)
         elif r.metric == "fell_back" and r.value:
             p.fell_back = "yes (the run's log says why)"
+    for (case, variant), rounds in round_series(latest_runs([r for r in rows if r.case in points])).items():
+        points[case].rounds[variant] = rounds  # a case measured twice: its last run's rounds
     return [p for p in points.values() if set(p.ms) >= set(VARIANTS) and set(p.errors) >= set(VARIANTS)]
 
 
