@@ -17,7 +17,7 @@ def test_the_grid_is_issue_32s():
     points = sweep.grid(small=False)
     dits = [p for p in points if p.model == "dit"]
     assert len(dits) == 2 * (6 * 3 + 1) and len(points) - len(dits) == 2 * 4 * 2
-    head_dims = {int(p.name.split("x")[0]) // int(p.name.split("x")[1]) for p in dits}
+    head_dims = {p.dim_heads[0] // p.dim_heads[1] for p in dits}
     assert head_dims == {64, 72, 80, 88, 96, 128}
     assert sweep.Point("dit", "3072x24", 1, 16384, "reduce-overhead") in dits
 
@@ -449,8 +449,8 @@ def test_every_sweep_config_has_a_committed_entry(gpu):
     for p in sweep.grid(small=False):
         if p.model != "dit":
             continue
-        dim, heads = (int(v) for v in p.name.split("x"))
-        mode = "graphed" if p.mode == "reduce-overhead" else "default"
+        dim, heads = p.dim_heads
+        mode = sweep.table_mode(p.mode)
         for op in sweep.DECIDED_OPS:
             key = (gpu, "2.11", op, "bf16", dim // heads, dim, p.batch * p.tokens, mode)
             if not any(measured.close(q, *key, p.tokens) for q in committed):

@@ -99,6 +99,18 @@ class Point:
         size = f"b{self.batch}" + (f" n{self.tokens}" if self.tokens else "")
         return f"{self.model} {self.name} {size} {self.mode}"
 
+    @property
+    def dim_heads(self) -> tuple[int, int]:
+        """A DiT point's (dim, heads), from its name ("1152x16")."""
+        dim, heads = (int(v) for v in self.name.split("x"))
+        return dim, heads
+
+
+def table_mode(compile_mode: str) -> str:
+    """The decision data's mode for a compile mode (docs/decisions.md): "graphed" under reduce-overhead's CUDA graphs,
+    else "default"."""
+    return "graphed" if compile_mode == "reduce-overhead" else "default"
+
 
 def grid(small: bool, modes: tuple[str, ...] = MODES) -> list[Point]:
     """The sweep's points: issue 32's grid, or for --small one tiny DiT and one tiny ViT point."""
@@ -247,11 +259,10 @@ def auto_choices(p: Point, args) -> dict[str, str] | None:
     gpu = torch.cuda.is_available()
     if not gpu:
         return dict.fromkeys(DECIDED_OPS, "native")  # no table speaks for a CPU
-    dim, heads = (int(v) for v in p.name.split("x"))
-    mode = "graphed" if p.mode == "reduce-overhead" else "default"
+    dim, heads = p.dim_heads
     table, gpu_name, torch_mm = measured.points(), measured.gpu_name(None), measured.torch_version()
     return {op: measured.choice_among(table, gpu_name, torch_mm, op, "bf16", dim // heads, dim, p.batch * p.tokens,
-                                      mode, p.tokens)  # bf16: the sweep's GPU dtype (`_child_main`)
+                                      table_mode(p.mode), p.tokens)  # bf16: the sweep's GPU dtype (`_child_main`)
             for op in DECIDED_OPS}  # fmt: skip
 
 
@@ -302,7 +313,7 @@ def _child_main(spec_json: str) -> None:
         from fullgraph.bench.suites import dit
         from fullgraph.models.dit import CONFIGS, DiTConfig
 
-        dim, heads = (int(v) for v in p.name.split("x"))
+        dim, heads = p.dim_heads
         depth = spec.get("depth", DEPTH)
         CONFIGS["sweep"] = DiTConfig(dim=dim, heads=heads, depth=depth)  # this process's: the suite takes a name
         policies = ";".join(f"none,+{op}" for op in spec["ops"])
@@ -369,7 +380,7 @@ def decisions(rows: list[Result]) -> list[dict]:
             points.append({
                 "op": op, "dtype": {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[p["dtype"]],
                 "head_dim": p["dim"] // p["heads"], "width": p["dim"], "rows": p["batch"] * p["tokens"],
-                "mode": "graphed" if p["mode"] == "reduce-overhead" else "default",
+                "mode": table_mode(p["mode"]),
                 "choice": "kernel" if fast and growth <= MAX_ERROR_GROWTH else "native", "tokens": p["tokens"],
                 "source": f"bench sweep: {case}, all native but {op}'s kernel {gain:+.1%} over all native "
                           f"(noise {noise:.1%})" + (f", its error {growth:.2f}x all native's" if growth > 1.01 else ""),
