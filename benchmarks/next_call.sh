@@ -23,8 +23,8 @@ if [ "$tag" = h100 ]; then
       [ "$s" = 1152x16:1:4096 ] && code=(--code "$OUT/native_code_1152")
       timeout 100 python3 benchmarks/probes/dit_host_probe.py --shape "$s" --variants plain,native --profile none \
         "${code[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/native_kernels_h100.txt" | grep -v "^ " | tail -5
-      timeout 80 python3 benchmarks/dit_kernels.py --shape "$s" --mode default --by diff --variants native,native-lowp,plain \
-        --top 12 2>&1 | grep -v Warn | tee -a "$OUT/native_kernels_h100.txt" | tail -16
+      timeout 80 python3 benchmarks/dit_kernels.py --shape "$s" --mode default --by diff \
+        --variants native,native-lowp,plain --top 12 2>&1 | grep -v Warn | tee -a "$OUT/native_kernels_h100.txt" | tail -16
     done
     touch build/native_kernels_h100.done
   fi
