@@ -5,8 +5,8 @@ plain twin and for variants of ours, side by side, so a gap can be traced to the
 Variants (same weights, torch.compile(fullgraph=True), default mode):
   plain           PlainDiT (F.layer_norm, rotate-half RoPE in the input dtype, SDPA)
   native          DiT with every op's policy native
-  native-lowp     native, but modulate, gated_residual and RoPE computed in the input dtype (as the plain twin does),
-                  to see whether our float32 elementwise math costs anything inside the graph
+  native-lowp     native, but RoPE computed in the input dtype from tables in it (as the plain twin does; ours keeps
+                  float32 tables and math), to see whether that costs anything inside the graph
   auto            DiT with every op's policy auto (what `bench dit` calls "ours, auto")
   native+OP[+OP]  every op native but OP's kernel (the sweep's one-kernel variants, e.g. native+layer_norm_modulate)
 
@@ -36,30 +36,32 @@ from fullgraph.timing import round_medians
 D = sys.modules["fullgraph.models.dit"]
 
 
+def rope_in_dtype(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
+    """`ops.rope.rope_native` with the plain twin's arithmetic (`models.dit.rotate_half_rope`): the tables cast to x's
+    dtype, the products in x's dtype."""
+    if interleaved:
+        raise NotImplementedError("RoPE in x's dtype is rotate-half only here")
+    rotary = 2 * cos.shape[-1]
+    c, s = (torch.cat((t, t), -1).to(x.dtype) for t in (cos, sin))
+    if seq_dim == 1:
+        c, s = c[:, None], s[:, None]
+    xr = x[..., :rotary]
+    a, b = xr.chunk(2, dim=-1)
+    out = xr * c + torch.cat((-b, a), dim=-1) * s
+    return out if rotary == x.shape[-1] else torch.cat((out, x[..., rotary:]), dim=-1)
+
+
 @contextlib.contextmanager
-def low_precision_elementwise():
-    """modulate, gated_residual and RoPE's native forms in the input dtype for the block's duration."""
-    mod, rope = sys.modules["fullgraph.ops.modulation"], sys.modules["fullgraph.ops.rope"]
-    saved = mod.modulate_native, mod.gated_residual_native, rope.rope_native
-
-    def modulate(x, shift, scale):
-        return x * (1 + scale[:, None]) + shift[:, None]
-
-    def gated(x, h, gate):
-        return x + gate[:, None] * h
-
-    def rope_lowp(x, cos, sin, interleaved=False, seq_dim=2):
-        c, s = cos.to(x.dtype), sin.to(x.dtype)
-        if seq_dim == 1:
-            c, s = c[:, None], s[:, None]
-        a, b = x.chunk(2, dim=-1)
-        return torch.cat((a * c - b * s, b * c + a * s), dim=-1)
-
-    mod.modulate_native, mod.gated_residual_native, rope.rope_native = modulate, gated, rope_lowp
+def rope_like_plain():
+    """RoPE's native form in x's dtype while the context holds (the trace and each call of the variant). The other
+    native forms that differed from the twin's (modulate, gated_residual) trace as the twin writes them already."""
+    rope = sys.modules["fullgraph.ops.rope"]
+    original = rope.rope_native
+    rope.rope_native = rope_in_dtype
     try:
         yield
     finally:
-        mod.modulate_native, mod.gated_residual_native, rope.rope_native = saved
+        rope.rope_native = original
 
 
 def variant_policy(name: str) -> dict[str, str] | None:
@@ -144,7 +146,7 @@ def main() -> int:
         def call(compiled=compiled, name=name):
             with torch.no_grad(), ops.policy(**(variant_policy(name) or {})):
                 if name == "native-lowp":
-                    with low_precision_elementwise():
+                    with rope_like_plain():
                         return compiled(x, c)
                 return compiled(x, c)
 

@@ -23,7 +23,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: dit_kernels.py
 from dit_guard_cost import fresh
+from dit_kernels import rope_like_plain
 
 from fullgraph.bench.suites import compile_twin, paired_speed, policy_context
 from fullgraph.bench.suites.dit import build
@@ -33,33 +35,6 @@ from fullgraph.timing import round_medians
 SWEEP_POLICIES = ["all=auto", "none"] + [f"none,+{op}" for op in
                                          ("linear_gelu", "qk_norm_rope", "layer_norm_modulate", "skinny_linear",
                                           "sdpa_flash")]  # fmt: skip
-
-
-def rope_in_dtype(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
-    """`ops.rope.rope_native` with the plain twin's arithmetic: tables cast to x's dtype, products in x's dtype."""
-    if interleaved:
-        raise NotImplementedError("the probe's RoPE in x's dtype is rotate-half only")
-    rotary = 2 * cos.shape[-1]
-    c, s = (torch.cat((t, t), -1).to(x.dtype) for t in (cos, sin))
-    if seq_dim == 1:
-        c, s = c[:, None], s[:, None]
-    xr = x[..., :rotary]
-    a, b = xr.chunk(2, dim=-1)
-    out = xr * c + torch.cat((-b, a), dim=-1) * s
-    return out if rotary == x.shape[-1] else torch.cat((out, x[..., rotary:]), dim=-1)
-
-
-@contextlib.contextmanager
-def rope_like_plain():
-    """RoPE's native form in x's dtype while the context holds (the trace and each call of the variant)."""
-    from fullgraph.ops import rope
-
-    original = rope.rope_native
-    rope.rope_native = rope_in_dtype
-    try:
-        yield
-    finally:
-        rope.rope_native = original
 
 
 def main() -> int:
