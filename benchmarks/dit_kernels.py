@@ -37,18 +37,12 @@ D = sys.modules["fullgraph.models.dit"]
 
 
 def rope_in_dtype(x, cos, sin, interleaved: bool = False, seq_dim: int = 2):
-    """`ops.rope.rope_native` with the plain twin's arithmetic (`models.dit.rotate_half_rope`): the tables cast to x's
-    dtype, the products in x's dtype."""
-    if interleaved:
-        raise NotImplementedError("RoPE in x's dtype is rotate-half only here")
-    rotary = 2 * cos.shape[-1]
-    c, s = (torch.cat((t, t), -1).to(x.dtype) for t in (cos, sin))
-    if seq_dim == 1:
-        c, s = c[:, None], s[:, None]
-    xr = x[..., :rotary]
-    a, b = xr.chunk(2, dim=-1)
-    out = xr * c + torch.cat((-b, a), dim=-1) * s
-    return out if rotary == x.shape[-1] else torch.cat((out, x[..., rotary:]), dim=-1)
+    """`ops.rope.rope_native` computed as the plain twin computes it: the twin's own `models.dit.rotate_half_rope`
+    (tables cast to x's dtype, the products in x's dtype), for the DiT's calls (rotate-half, layout bsnd, every
+    channel rotated)."""
+    if interleaved or seq_dim != 1 or 2 * cos.shape[-1] != x.shape[-1]:
+        raise NotImplementedError("the twin's RoPE covers rotate-half over every channel of a [B, N, H, D] x only")
+    return D.rotate_half_rope(x, cos, sin)
 
 
 @contextlib.contextmanager

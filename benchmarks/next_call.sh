@@ -13,6 +13,12 @@ echo "$gpu"
 tag=h100
 [[ $gpu == *H200* ]] && tag=h200
 end=${NEXT_END:-575}
+
+resumable_sweep() {  # CSV ARGS: a sweep that carries on (--resume) until `end`, starting no point it cannot finish
+  SWEEP_CSV=$1 SWEEP_DEADLINE=$((end - 45 - SECONDS)) SWEEP_ARGS="$2 --resume" \
+    timeout $((end - SECONDS)) bash benchmarks/h200.sh sweep 2>&1 | tail -30
+}
+
 if [ "$tag" = h100 ]; then
   # the all-native puzzle (NOTES, order 00a): kernel by kernel at two points where all native lost, GPU-bound
   # (1152x16 b1 n4096, plain 2.26 ms) and host-bound (1280x16 b8 n256), with both Triton codes at the first
@@ -35,13 +41,9 @@ if [ "$tag" = h100 ]; then
       timeout 110 bash benchmarks/h200.sh sweep 2>&1 | tail -7
   fi
   # order 00b: reduce-overhead with sdpa_flash's one-kernel variant only (19 points, resumable)
-  SWEEP_CSV=build/sweep_dit_ro_paired_h100.csv SWEEP_DEADLINE=$((end - 45 - SECONDS)) \
-    SWEEP_ARGS="--modes reduce-overhead --only dit --ops sdpa_flash --resume" \
-    timeout $((end - SECONDS)) bash benchmarks/h200.sh sweep 2>&1 | tail -30
+  resumable_sweep build/sweep_dit_ro_paired_h100.csv "--modes reduce-overhead --only dit --ops sdpa_flash"
 else
-  SWEEP_CSV=build/sweep_dit_default_paired_h200.csv SWEEP_DEADLINE=$((end - 45 - SECONDS)) \
-    SWEEP_ARGS="--modes default --only dit --resume" \
-    timeout $((end - SECONDS)) bash benchmarks/h200.sh sweep 2>&1 | tail -30
+  resumable_sweep build/sweep_dit_default_paired_h200.csv "--modes default --only dit"
 fi
 cp build/*.csv "$OUT/" 2>/dev/null
 true
